@@ -1,0 +1,3 @@
+from llmfleet.cli import main
+
+raise SystemExit(main())

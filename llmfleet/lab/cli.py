@@ -1,0 +1,72 @@
+"""`llmfleet lab up|down|status|image`: the local lab of systemd hosts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from llmfleet.lab import hosts
+from llmfleet.lab.engine import ensure_engine
+from llmfleet.lab.image import ensure_base_image
+from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lab = subparsers.add_parser("lab", help="the local lab: systemd containers standing in for a site")
+    lab.add_argument(
+        "-i", "--inventory", type=Path, default=DEFAULT_INVENTORY,
+        help="lab inventory listing the hosts (default: %(default)s)",
+    )
+    actions = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
+    actions.add_parser(
+        "up", help="start Docker if needed, build the base image, create the hosts, wait for systemd"
+    ).set_defaults(handler=_up)
+    actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(
+        handler=_down
+    )
+    actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(
+        handler=_status
+    )
+    actions.add_parser(
+        "image", help="start Docker if needed, build or reuse the base image, print its reference"
+    ).set_defaults(handler=_image)
+
+
+def _up(args: argparse.Namespace) -> int:
+    lab = load_lab(args.inventory)
+    ensure_engine()
+    hosts.up(lab, ensure_base_image())
+    _print_status(lab)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    lab = load_lab(args.inventory)
+    ensure_engine()
+    removed = hosts.down(lab)
+    print("\n".join(f"removed {item}" for item in removed) or f"lab {lab.name}: nothing to remove")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    lab = load_lab(args.inventory)
+    ensure_engine()
+    _print_status(lab)
+    return 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    ensure_engine()
+    print(ensure_base_image())
+    return 0
+
+
+def _print_status(lab: hosts.Lab) -> None:
+    rows = [("HOST", "CONTAINER", "ADDRESS", "STATE", "SYSTEMD", "GROUPS")]
+    for entry in hosts.status(lab):
+        host = entry.host
+        rows.append((host.name, host.container, host.address, entry.state, entry.systemd, ",".join(host.groups)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"lab {lab.name} on network {lab.network} ({lab.subnet})")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -1,0 +1,72 @@
+"""The lab's hosts, read from the lab inventory: one source of truth for
+what `llmfleet lab up` creates and what Ansible then configures."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmfleet.errors import LlmfleetError
+from llmfleet.paths import REPO_ROOT
+
+DEFAULT_INVENTORY = REPO_ROOT / "inventories" / "lab" / "hosts.yml"
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str  # inventory hostname, also the container's hostname
+    container: str
+    address: str
+    groups: tuple[str, ...]
+    # Hosts that run containers get their /var/lib/docker on a volume, so the
+    # inner engine uses overlay2 instead of the slow vfs driver.
+    docker_volume: str
+
+
+@dataclass(frozen=True)
+class Lab:
+    name: str
+    network: str
+    subnet: str
+    hosts: tuple[LabHost, ...]
+
+    @property
+    def label(self) -> str:
+        """Label put on every container, network and volume `up` creates."""
+        return f"llmfleet.lab={self.name}"
+
+
+def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
+    try:
+        data = yaml.safe_load(inventory.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise LlmfleetError(f"cannot read lab inventory {inventory}: {error}") from error
+    top = data.get("all", {})
+    top_vars: dict[str, Any] = top.get("vars", {})
+    try:
+        lab_name = str(top_vars["lab_name"])
+        subnet = str(ipaddress.ip_network(top_vars["lab_subnet"]))
+    except (KeyError, ValueError) as error:
+        raise LlmfleetError(
+            f"{inventory}: all.vars needs lab_name and a valid lab_subnet ({error})"
+        ) from error
+    host_groups: dict[str, list[str]] = {}
+    host_vars: dict[str, dict[str, Any]] = {}
+    for group, body in (top.get("children") or {}).items():
+        for host, hvars in ((body or {}).get("hosts") or {}).items():
+            host_groups.setdefault(host, []).append(group)
+            host_vars.setdefault(host, {}).update(hvars or {})
+    hosts = []
+    for host, groups in host_groups.items():
+        address = host_vars[host].get("lab_address")
+        if address is None or ipaddress.ip_address(address) not in ipaddress.ip_network(subnet):
+            raise LlmfleetError(f"{inventory}: host {host} needs lab_address inside {subnet}")
+        container = f"{lab_name}-{host}"
+        hosts.append(LabHost(host, container, str(address), tuple(groups), f"{container}-docker"))
+    if not hosts:
+        raise LlmfleetError(f"{inventory}: no hosts under all.children")
+    return Lab(lab_name, f"{lab_name}-net", subnet, tuple(hosts))

@@ -1,0 +1,227 @@
+"""`llmfleet model ...`: commands that make or inspect model directories.
+
+Each sub-command is a `register_<name>(subparsers)` function listed in
+SUBCOMMANDS; a new one adds a function and one line there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from llmfleet.errors import LlmfleetError, RefusedError
+from llmfleet.model.tiny import make_tiny_model
+from llmfleet.model.tiny_adapter import DEFAULT_RANK, DEFAULT_TARGETS, make_tiny_adapter, parse_targets
+from llmfleet.module_utils import model_validation
+
+log = logging.getLogger(__name__)
+
+# argparse's sub-parser action has no public name; this alias is only for typing.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    model = make_tiny_model(Path(args.dir), seed=args.seed)
+    print(f"wrote a tiny Qwen2 model (seed {model.seed}, {model.size_bytes} bytes) to {model.path}")
+    return 0
+
+
+def register_make_tiny(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "make-tiny",
+        help="write a tiny random-weight Qwen2 model that vLLM can serve",
+        description=(
+            "Write a tiny Qwen2ForCausalLM (2 layers, hidden 128, bf16 random weights) with a"
+            " locally trained byte-level BPE tokenizer and a ChatML chat template into DIR."
+            " Nothing is downloaded. The same seed gives byte-identical files. DIR must be"
+            " missing, empty, or an earlier tiny model."
+        ),
+    )
+    parser.add_argument("dir", metavar="DIR", help="directory to write the model into")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
+    parser.set_defaults(handler=_make_tiny)
+
+
+def _make_tiny_adapter(args: argparse.Namespace) -> int:
+    adapter = make_tiny_adapter(
+        Path(args.dir),
+        Path(args.base),
+        seed=args.seed,
+        targets=parse_targets(args.targets),
+        rank=args.rank,
+        alpha=args.alpha,
+    )
+    print(
+        f"wrote a tiny LoRA adapter (r={adapter.rank}, targets {','.join(adapter.targets)}, seed {adapter.seed},"
+        f" {adapter.size_bytes} bytes) for {adapter.base} to {adapter.path}"
+    )
+    return 0
+
+
+def register_make_tiny_adapter(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "make-tiny-adapter",
+        help="write a tiny random-weight PEFT LoRA adapter for a base model directory",
+        description=(
+            "Write a PEFT-format LoRA adapter (adapter_config.json with peft_type LORA, and"
+            " adapter_model.safetensors with lora_A [r, in] and lora_B [out, r] for every layer and target"
+            " module, in bf16) whose shapes fit the base model's config.json. Nothing is downloaded. The same"
+            " seed and base give byte-identical files. DIR must be missing, empty, or an earlier tiny adapter."
+        ),
+    )
+    parser.add_argument("dir", metavar="DIR", help="directory to write the adapter into")
+    parser.add_argument("--base", required=True, metavar="MODEL_DIR", help="the base model (bf16), e.g. a tiny model")
+    parser.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        metavar="M1,M2",
+        help=f"comma-separated target modules (default {','.join(DEFAULT_TARGETS)})",
+    )
+    parser.add_argument("--rank", type=int, default=DEFAULT_RANK, help=f"LoRA rank r (default {DEFAULT_RANK})")
+    parser.add_argument("--alpha", type=int, default=None, help="lora_alpha (default 2 x rank)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
+    parser.set_defaults(handler=_make_tiny_adapter)
+
+
+def _fixes(values: list[str]) -> dict[str, Any]:
+    fixes: dict[str, Any] = {}
+    for text in values:
+        try:
+            key, value = model_validation.parse_fix(text)
+        except ValueError as error:
+            raise LlmfleetError(str(error)) from error
+        fixes[key] = value
+    return fixes
+
+
+def _summary(facts: dict[str, Any]) -> str:
+    parts = [
+        str(facts.get("architecture")),
+        f"{facts.get('layers')} layers",
+        f"{facts.get('attention_heads')} heads ({facts.get('kv_heads')} KV)",
+        f"head_dim {facts.get('head_dim')}",
+        str(facts.get("dtype")),
+        f"{facts.get('parameters', 0):,} parameters",
+        f"{facts.get('weights_bytes', 0):,} weight bytes",
+        f"max {facts.get('max_model_len')} tokens",
+    ]
+    return ", ".join(parts)
+
+
+def _check(args: argparse.Namespace) -> int:
+    fixes = _fixes(args.fix_config)
+    try:
+        report = model_validation.check_model(
+            args.dir,
+            adapters=args.adapter,
+            engine_version=args.engine_version,
+            chat=args.chat,
+            config_fixes=fixes or None,
+            write_fixes=not args.dry_run,
+            backup=True,
+            base_names=args.base_name,
+        )
+    except (ValueError, OSError) as error:
+        raise LlmfleetError(str(error)) from error
+    fix = report["config_fix"]
+    if fix is not None and fix["changed"]:
+        if fix["written"]:
+            log.warning(
+                "changed %s as asked: set %s; original saved as %s",
+                fix["path"],
+                ", ".join(fix["keys"]),
+                fix["backup_file"],
+            )
+        else:
+            log.warning("--dry-run: %s would change (%s); nothing written", fix["path"], ", ".join(fix["keys"]))
+        if not args.json:
+            print(fix["diff"], end="")
+    elif fix is not None:
+        log.warning("%s already has the values given with --fix-config; nothing to change", fix["path"])
+    code = RefusedError.exit_code if report["problems"] else 0
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return code
+    for warning in report["warnings"]:
+        print(f"llmfleet: warning: {warning}", file=sys.stderr)
+    if report["problems"]:
+        for line in report["problem_lines"]:
+            print(f"llmfleet: refused {line}", file=sys.stderr)
+        return code
+    print(f"ok: {args.dir} is servable by vLLM {report['engine_version']}: {_summary(report['facts'])}")
+    for adapter in report["adapters"]:
+        print(
+            f"ok: adapter {adapter['path']}: LoRA r={adapter['rank']} (--max-lora-rank {adapter['max_lora_rank']}),"
+            f" targets {', '.join(adapter['target_modules'])}"
+        )
+    return code
+
+
+def register_check(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="refuse a model directory (and LoRA adapters) the pinned vLLM cannot serve",
+        description=(
+            "Check that DIR is servable by vLLM: config.json and its architecture, the keys that architecture"
+            " needs (rope_theta for Qwen2/Llama), complete safetensors weights (read from headers only),"
+            " tokenizer files, a chat template, and each --adapter (PEFT LoRA, base model, target modules,"
+            " rank). Exit 0: servable; 2: not, one line per problem naming the file and the fix; 1: bad input."
+            " --fix-config KEY=VALUE sets a config.json key explicitly: the change is shown as a diff,"
+            " logged, and the original is kept as config.json.orig-<timestamp>."
+        ),
+    )
+    parser.add_argument("dir", metavar="DIR", help="the model directory")
+    parser.add_argument(
+        "--adapter", action="append", default=[], metavar="DIR", help="a LoRA adapter directory (repeatable)"
+    )
+    parser.add_argument(
+        "--engine-version",
+        default=model_validation.LAB_ENGINE_VERSION,
+        metavar="V",
+        help=(
+            f"the vLLM release that will serve it (known: {', '.join(model_validation.ENGINE_VERSIONS)};"
+            f" default {model_validation.LAB_ENGINE_VERSION}, the lab engine)"
+        ),
+    )
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="require a chat template (default: yes; --no-chat for completions only)",
+    )
+    parser.add_argument(
+        "--fix-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a config.json key first, e.g. rope_theta=1000000.0 (VALUE is JSON when it parses; repeatable)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="show what --fix-config would change; write nothing")
+    parser.add_argument(
+        "--base-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name of the model (e.g. the hub name it was staged from) that adapters may record",
+    )
+    parser.add_argument("--json", action="store_true", help="print the whole report, facts included, as JSON")
+    parser.set_defaults(handler=_check)
+
+
+SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
+    register_make_tiny,
+    register_make_tiny_adapter,
+    register_check,
+)
+
+
+def register(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("model", help="make and inspect model directories")
+    model_subparsers = parser.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    for register_subcommand in SUBCOMMANDS:
+        register_subcommand(model_subparsers)
