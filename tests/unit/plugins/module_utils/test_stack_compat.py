@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from llmfleet.module_utils import stack_compat
 from llmfleet.module_utils.stack_compat import (
     COMPUTE_CAPABILITY_MIN_CUDA,
