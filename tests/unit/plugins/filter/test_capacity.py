@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
+
+from tests.ansible_adhoc import run_adhoc
 
 REPO = Path(__file__).parents[4]
 _SPEC = importlib.util.spec_from_file_location("llmfleet_filter_capacity", REPO / "plugins" / "filter" / "capacity.py")
@@ -24,7 +24,6 @@ assert _SPEC and _SPEC.loader
 capacity = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(capacity)
 
-ANSIBLE = Path(sys.executable).parent / "ansible"
 
 # What model_check returns for the tiny model (llmfleet.model.tiny).
 TINY_FACTS: dict[str, Any] = {
@@ -82,21 +81,7 @@ def test_refusals_and_bad_input_raise_ansible_filter_error(
 
 def _debug(tmp_path: Path, expression: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "facts.json").write_text(json.dumps({"facts": TINY_FACTS}))
-    env = {
-        **os.environ,
-        "ANSIBLE_FILTER_PLUGINS": str(REPO / "plugins" / "filter"),
-        "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    env.pop("ANSIBLE_CONFIG", None)
-    return subprocess.run(
-        [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-e", f"@{tmp_path / 'facts.json'}",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "debug", "-a", f"msg={{{{ {expression} }}}}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    return run_adhoc(tmp_path, "debug", f"msg={{{{ {expression} }}}}", "-e", f"@{tmp_path / 'facts.json'}")
 
 
 def test_ansible_loads_the_filter_and_its_planner(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,58 +21,20 @@ import yaml
 
 from llmfleet.model import tiny
 from llmfleet.model.tiny_adapter import make_tiny_adapter
+from tests.ansible_adhoc import ansible_env
+from tests.ansible_adhoc import run_module as run_adhoc_module
 
 REPO = Path(__file__).parents[4]
 MODULE = REPO / "plugins" / "modules" / "model_check.py"
 ANSIBLE_BIN = Path(sys.executable).parent
 
 
-def ansible_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
-            "ANSIBLE_MODULE_UTILS": str(REPO / "plugins" / "module_utils"),
-            "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
-            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-            "ANSIBLE_DEPRECATION_WARNINGS": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-        }
-    )
-    env.pop("ANSIBLE_CONFIG", None)
-    return env
-
-
 def run_module(
     tmp_path: Path, args: dict[str, Any], check_mode: bool = False, diff: bool = False
 ) -> tuple[int, dict[str, Any], str]:
-    """Run model_check on localhost: the exit code of `ansible`, the module's result, and the output.
-
-    The result gains "failed", read from the host line ("localhost | FAILED! => {...}").
-    With diff, the unified diff Ansible prints comes before that line.
-    """
-    command = [
-        str(ANSIBLE_BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
-        "-e", f"ansible_python_interpreter={sys.executable}",
-        "-m", "model_check", "-a", json.dumps(args),
-    ]  # fmt: skip
-    if check_mode:
-        command.append("--check")
-    if diff:
-        command.append("--diff")
-    # Run outside the repository so only the settings above apply, not ansible.cfg.
-    result = subprocess.run(command, cwd=tmp_path, env=ansible_env(tmp_path), capture_output=True, text=True)
-    host_line = next((line for line in result.stdout.splitlines() if line.startswith("localhost | ")), None)
-    assert host_line is not None, f"no module result in output:\n{result.stdout}\n{result.stderr}"
-    before, _, body = result.stdout.partition(host_line)
-    module_result: dict[str, Any] = json.loads(host_line.partition(" => ")[2] + body)
-    module_result["failed"] = host_line.partition(" => ")[0].strip().endswith("FAILED!")
-    assert module_result["failed"] == (result.returncode != 0), result.stdout
-    return result.returncode, module_result, before + result.stderr
+    """Run model_check on localhost: the exit code, the module's result, and what came before it."""
+    run = run_adhoc_module(tmp_path, "model_check", args, check_mode=check_mode, diff=diff)
+    return run.returncode, run.result, run.output
 
 
 @pytest.fixture(scope="module")

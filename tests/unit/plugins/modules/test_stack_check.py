@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,55 +17,19 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ansible_adhoc import ansible_env
+from tests.ansible_adhoc import run_module as run_adhoc_module
+
 REPO = Path(__file__).parents[4]
 MODULE = REPO / "plugins" / "modules" / "stack_check.py"
 STACKS = yaml.safe_load((REPO / "playbooks" / "vars" / "stacks.yml").read_text(encoding="utf-8"))["gpu_stacks"]
 ANSIBLE_BIN = Path(sys.executable).parent
 
 
-def ansible_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
-            "ANSIBLE_MODULE_UTILS": str(REPO / "plugins" / "module_utils"),
-            "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
-            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-            "ANSIBLE_DEPRECATION_WARNINGS": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-        }
-    )
-    env.pop("ANSIBLE_CONFIG", None)
-    return env
-
-
 def run_module(tmp_path: Path, args: dict[str, Any], check_mode: bool = False) -> tuple[int, dict[str, Any]]:
-    """Run stack_check on localhost; the exit code of `ansible` and the module's result.
-
-    The result gains "failed", read from the host line ("localhost | FAILED! => {...}"),
-    which is where ansible-core 2.19's default callback reports it.
-    """
-    command = [
-        str(ANSIBLE_BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
-        "-e", f"ansible_python_interpreter={sys.executable}",
-        "-m", "stack_check", "-a", json.dumps(args),
-    ]
-    if check_mode:
-        command.append("--check")
-    # Run outside the repository so only the settings above apply, not ansible.cfg.
-    result = subprocess.run(
-        command, cwd=tmp_path, env=ansible_env(tmp_path), capture_output=True, text=True, check=False
-    )
-    head, separator, body = result.stdout.partition(" => ")
-    assert separator, f"no module result in output:\n{result.stdout}\n{result.stderr}"
-    module_result: dict[str, Any] = json.loads(body)
-    module_result["failed"] = head.strip().endswith("FAILED!")
-    assert module_result["failed"] == (result.returncode != 0), result.stdout
-    return result.returncode, module_result
+    """Run stack_check on localhost: the exit code of `ansible` and the module's result."""
+    run = run_adhoc_module(tmp_path, "stack_check", args, check_mode=check_mode)
+    return run.returncode, run.result
 
 
 @pytest.mark.parametrize(
