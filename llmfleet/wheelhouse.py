@@ -30,8 +30,16 @@ def build(directory: Path) -> list[Path]:
     """Write wheels for llmfleet and its pinned runtime dependencies into directory."""
     directory.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(directory),
-        "--constraint", str(CONSTRAINTS), str(REPO_ROOT),
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--wheel-dir",
+        str(directory),
+        "--constraint",
+        str(CONSTRAINTS),
+        str(REPO_ROOT),
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llmfleet import standins
 from llmfleet.lab import hosts
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
@@ -14,19 +15,18 @@ from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lab = subparsers.add_parser("lab", help="the local lab: systemd containers standing in for a site")
     lab.add_argument(
-        "-i", "--inventory", type=Path, default=DEFAULT_INVENTORY,
+        "-i",
+        "--inventory",
+        type=Path,
+        default=DEFAULT_INVENTORY,
         help="lab inventory listing the hosts (default: %(default)s)",
     )
     actions = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
     actions.add_parser(
         "up", help="start Docker if needed, build the base image, create the hosts, wait for systemd"
     ).set_defaults(handler=_up)
-    actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(
-        handler=_down
-    )
-    actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(
-        handler=_status
-    )
+    actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(handler=_down)
+    actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(handler=_status)
     actions.add_parser(
         "image", help="start Docker if needed, build or reuse the base image, print its reference"
     ).set_defaults(handler=_image)
@@ -36,6 +36,13 @@ def _up(args: argparse.Namespace) -> int:
     lab = load_lab(args.inventory)
     ensure_engine()
     hosts.up(lab, ensure_base_image())
+    standin_hosts = [host for host in lab.hosts if host.standins]
+    if standin_hosts:
+        # GPU-less lab hosts install NVIDIA's package names from this local
+        # repository of STAND-INS, as the roles' Molecule scenarios do.
+        repository = standins.build()
+        for host in standin_hosts:
+            hosts.deliver_archive(host, repository.archive, standins.HOST_PATH)
     _print_status(lab)
     return 0
 

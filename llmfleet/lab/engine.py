@@ -52,9 +52,7 @@ def ensure_engine() -> None:
     deadline = time.monotonic() + DOCKERD_START_DEADLINE
     while not engine_running():
         if time.monotonic() > deadline:
-            raise LlmfleetError(
-                f"dockerd did not answer within {DOCKERD_START_DEADLINE:.0f}s; see {DOCKERD_LOG}"
-            )
+            raise LlmfleetError(f"dockerd did not answer within {DOCKERD_START_DEADLINE:.0f}s; see {DOCKERD_LOG}")
         time.sleep(0.5)
 
 
@@ -69,6 +67,4 @@ def _apt_install(*packages: str) -> None:
     env_cmd = ["env", "DEBIAN_FRONTEND=noninteractive"]
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
         if subprocess.run([*env_cmd, *cmd], check=False).returncode != 0:
-            raise LlmfleetError(
-                f"`{' '.join(cmd)}` failed: install {' '.join(packages)} by hand (needs root)"
-            )
+            raise LlmfleetError(f"`{' '.join(cmd)}` failed: install {' '.join(packages)} by hand (needs root)")

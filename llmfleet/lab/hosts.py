@@ -11,23 +11,39 @@ import logging
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab.engine import docker
 from llmfleet.lab.topology import Lab, LabHost
 
-__all__ = ["HostStatus", "Lab", "down", "status", "up", "wait_for_systemd"]
+__all__ = ["HostStatus", "Lab", "deliver_archive", "down", "status", "up", "wait_for_systemd"]
 
 log = logging.getLogger(__name__)
 
 # NOTES.md: `--privileged` is refused on the build machines (SYS_RESOURCE lies
 # outside the bounding set), so grant every other capability explicitly.
 SYSTEMD_RUN_FLAGS = (
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--cgroupns=host", "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs", "/run", "--tmpfs", "/run/lock",
-    "--stop-signal", "SIGRTMIN+3",
+    "--cap-add",
+    "ALL",
+    "--cap-drop",
+    "SYS_RESOURCE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+    "--cgroupns=host",
+    "--volume",
+    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs",
+    "/run",
+    "--tmpfs",
+    "/run/lock",
+    "--stop-signal",
+    "SIGRTMIN+3",
+    # A real host's /dev/shm is half its memory; Docker's 64 MB default would fail preflight.
+    "--shm-size",
+    "2g",
 )
 BOOT_DEADLINE = 120.0
 
@@ -49,6 +65,27 @@ def up(lab: Lab, image: str) -> None:
             docker("start", host.container)
     for host in lab.hosts:
         wait_for_systemd(host)
+
+
+def deliver_archive(host: LabHost, archive: Path, destination: str) -> None:
+    """Unpack a .tar.gz from the controller into a directory on the host."""
+    with archive.open("rb") as stream:
+        result = subprocess.run(
+            [
+                "docker",
+                "exec",
+                "-i",
+                host.container,
+                "sh",
+                "-c",
+                f"mkdir -p '{destination}' && tar -xzf - -C '{destination}'",
+            ],
+            stdin=stream,
+            capture_output=True,
+            check=False,
+        )
+    if result.returncode != 0:
+        raise LlmfleetError(f"{host.name}: unpacking {archive.name} failed: {result.stderr.decode().strip()}")
 
 
 def down(lab: Lab) -> list[str]:
@@ -90,16 +127,16 @@ def wait_for_systemd(host: LabHost, deadline_s: float = BOOT_DEADLINE) -> None:
         # --wait blocks while systemd is starting; before systemd's bus exists it
         # fails at once, which is why this loops until the deadline.
         probe = subprocess.run(
-            ["docker", "exec", host.container, "timeout", str(remaining),
-             "systemctl", "is-system-running", "--wait"],
-            capture_output=True, text=True, check=False,
+            ["docker", "exec", host.container, "timeout", str(remaining), "systemctl", "is-system-running", "--wait"],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         state = probe.stdout.strip()
         if state == "running":
             return
         if state == "degraded":
-            failed = docker("exec", host.container, "systemctl", "--failed", "--no-legend",
-                            check=False).stdout.strip()
+            failed = docker("exec", host.container, "systemctl", "--failed", "--no-legend", check=False).stdout.strip()
             raise LlmfleetError(f"{host.name}: systemd is degraded; failed units:\n{failed}")
         if time.monotonic() > deadline:
             raise LlmfleetError(
@@ -115,8 +152,7 @@ def _ensure_network(lab: Lab) -> None:
         subnets = [c["Subnet"] for c in json.loads(probe.stdout)[0]["IPAM"]["Config"] or []]
         if lab.subnet not in subnets:
             raise LlmfleetError(
-                f"network {lab.network} exists with subnets {subnets}, not {lab.subnet}: "
-                "run `llmfleet lab down` first"
+                f"network {lab.network} exists with subnets {subnets}, not {lab.subnet}: run `llmfleet lab down` first"
             )
         return
     docker("network", "create", "--label", lab.label, "--subnet", lab.subnet, lab.network)
@@ -131,8 +167,20 @@ def _create(lab: Lab, host: LabHost, image: str) -> None:
     log.info("Creating lab host %s (%s)", host.name, host.address)
     docker("volume", "create", "--label", lab.label, host.docker_volume)
     docker(
-        "run", "--detach", "--name", host.container, "--hostname", host.name,
-        "--label", lab.label, "--network", lab.network, "--ip", host.address,
-        "--volume", f"{host.docker_volume}:/var/lib/docker",
-        *SYSTEMD_RUN_FLAGS, image,
+        "run",
+        "--detach",
+        "--name",
+        host.container,
+        "--hostname",
+        host.name,
+        "--label",
+        lab.label,
+        "--network",
+        lab.network,
+        "--ip",
+        host.address,
+        "--volume",
+        f"{host.docker_volume}:/var/lib/docker",
+        *SYSTEMD_RUN_FLAGS,
+        image,
     )

@@ -29,16 +29,32 @@ SUITE = "bookworm"
 # Bump when the rootfs preparation below changes: it is part of the content key.
 RECIPE_VERSION = "3"
 PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo",
-    "iproute2", "ca-certificates", "gnupg", "procps", "less",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "iproute2",
+    "ca-certificates",
+    "gnupg",
+    "procps",
+    "less",
 )
 # Units that need hardware or a console a container does not have: left
 # enabled they fail and `systemctl is-system-running` reports "degraded".
 MASKED_UNITS = (
-    "systemd-udevd.service", "systemd-udev-trigger.service", "systemd-modules-load.service",
-    "getty@tty1.service", "console-getty.service", "sys-kernel-config.mount",
-    "sys-kernel-debug.mount", "sys-kernel-tracing.mount", "dev-hugepages.mount",
-    "systemd-remount-fs.service", "systemd-firstboot.service",
+    "systemd-udevd.service",
+    "systemd-udev-trigger.service",
+    "systemd-modules-load.service",
+    "getty@tty1.service",
+    "console-getty.service",
+    "sys-kernel-config.mount",
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "dev-hugepages.mount",
+    "systemd-remount-fs.service",
+    "systemd-firstboot.service",
 )
 MIRROR_ENV = "LLMFLEET_DEBIAN_MIRROR"
 
@@ -61,15 +77,12 @@ def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
         if path.is_file():
             for match in re.finditer(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s", path.read_text(), re.M):
                 return match.group(1).rstrip("/")
-    raise LlmfleetError(
-        f"no Debian {SUITE} mirror in /etc/apt: set {MIRROR_ENV} to a Debian mirror URL"
-    )
+    raise LlmfleetError(f"no Debian {SUITE} mirror in /etc/apt: set {MIRROR_ENV} to a Debian mirror URL")
 
 
 def content_key(mirror: str) -> str:
     recipe = json.dumps(
-        {"suite": SUITE, "packages": PACKAGES, "masked": MASKED_UNITS,
-         "mirror": mirror, "recipe": RECIPE_VERSION},
+        {"suite": SUITE, "packages": PACKAGES, "masked": MASKED_UNITS, "mirror": mirror, "recipe": RECIPE_VERSION},
         sort_keys=True,
     )
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
@@ -101,7 +114,9 @@ def _build_rootfs_archive(mirror: str, archive: Path) -> None:
         rootfs = Path(work) / "rootfs"
         result = subprocess.run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), mirror],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])

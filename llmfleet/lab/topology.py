@@ -25,6 +25,9 @@ class LabHost:
     # Hosts that run containers get their /var/lib/docker on a volume, so the
     # inner engine uses overlay2 instead of the slow vfs driver.
     docker_volume: str
+    # True for hosts that get the STAND-IN NVIDIA package repository (GPU-less
+    # stand-ins for the GPU hosts): the groups in all.vars.lab_standin_groups.
+    standins: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,22 +54,30 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
         lab_name = str(top_vars["lab_name"])
         subnet = str(ipaddress.ip_network(top_vars["lab_subnet"]))
     except (KeyError, ValueError) as error:
-        raise LlmfleetError(
-            f"{inventory}: all.vars needs lab_name and a valid lab_subnet ({error})"
-        ) from error
+        raise LlmfleetError(f"{inventory}: all.vars needs lab_name and a valid lab_subnet ({error})") from error
     host_groups: dict[str, list[str]] = {}
     host_vars: dict[str, dict[str, Any]] = {}
     for group, body in (top.get("children") or {}).items():
         for host, hvars in ((body or {}).get("hosts") or {}).items():
             host_groups.setdefault(host, []).append(group)
             host_vars.setdefault(host, {}).update(hvars or {})
+    standin_groups = set(top_vars.get("lab_standin_groups") or [])
     hosts = []
     for host, groups in host_groups.items():
         address = host_vars[host].get("lab_address")
         if address is None or ipaddress.ip_address(address) not in ipaddress.ip_network(subnet):
             raise LlmfleetError(f"{inventory}: host {host} needs lab_address inside {subnet}")
         container = f"{lab_name}-{host}"
-        hosts.append(LabHost(host, container, str(address), tuple(groups), f"{container}-docker"))
+        hosts.append(
+            LabHost(
+                host,
+                container,
+                str(address),
+                tuple(groups),
+                f"{container}-docker",
+                standins=bool(standin_groups.intersection(groups)),
+            )
+        )
     if not hosts:
         raise LlmfleetError(f"{inventory}: no hosts under all.children")
     return Lab(lab_name, f"{lab_name}-net", subnet, tuple(hosts))

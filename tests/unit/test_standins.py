@@ -1,0 +1,206 @@
+"""The llmfleet STAND-IN packages: real names and versions, labelled, and what the roles pin.
+
+The stand-ins (files/standins/, built by llmfleet/standins.py) are NOT NVIDIA's
+packages. These tests keep them honest: every package and command says
+STAND-IN, the versions the roles and scenarios pin exist, newer versions exist
+too (so the scenarios' pin tests prove something), and the CUDA ones follow the
+version table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmfleet import standins
+from llmfleet.errors import LlmfleetError
+from llmfleet.paths import REPO_ROOT
+from llmfleet.stack import load_stacks
+
+ROLES = REPO_ROOT / "roles"
+
+
+@pytest.fixture(scope="module")
+def packages() -> dict[str, list[str]]:
+    """name -> versions of every stand-in."""
+    result: dict[str, list[str]] = {}
+    for standin in standins.load_standins():
+        result.setdefault(standin.name, []).append(standin.version)
+    return result
+
+
+def _by_name(name: str, version: str) -> standins.StandIn:
+    return next(s for s in standins.load_standins() if s.name == name and s.version == version)
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def _render(tmp_path: Path, name: str, version: str, source: str) -> Path:
+    """A stand-in's command, rendered as the package installs it."""
+    standin = _by_name(name, version)
+    script = tmp_path / source
+    script.write_text(standins.render_file(standin, (standins.STANDINS_DIR / source).read_text()))
+    script.chmod(0o755)
+    return script
+
+
+# --- The package list ---------------------------------------------------------
+
+
+def test_driver_stand_ins_are_debian_12s_versions(packages: dict[str, list[str]]) -> None:
+    for name in ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"):
+        # bookworm non-free, and the newer bookworm-security update the pin must refuse.
+        assert packages[name] == ["535.261.03-1", "535.309.01-0+deb12u1"], name
+    assert packages["nvidia-persistenced"] == ["535.171.04-1~deb12u1"]
+
+
+def test_container_toolkit_stand_ins_cover_the_roles_default_and_a_newer_release(
+    packages: dict[str, list[str]],
+) -> None:
+    defaults = yaml.safe_load((ROLES / "nvidia_container_toolkit" / "defaults" / "main.yml").read_text())
+    pinned = f"{defaults['nvidia_container_toolkit_version']}-1"
+    for name in defaults["nvidia_container_toolkit_packages"]:
+        assert pinned in packages[name], name
+        assert any(_numbers(version) > _numbers(pinned) for version in packages[name]), f"{name}: nothing newer"
+
+
+def test_cuda_stand_ins_follow_the_version_table(packages: dict[str, list[str]]) -> None:
+    for stack in load_stacks().values():
+        version = f"{stack['cuda']['version']}-1"
+        for names in stack["cuda"]["packages"].values():
+            for name in names:
+                assert version in packages[name], name
+                major, minor = name.rsplit("-", 2)[-2:]
+                assert version in packages[f"cuda-nvcc-{major}-{minor}"]
+
+
+def test_a_stack_added_to_the_table_gets_its_stand_ins(tmp_path: Path) -> None:
+    table = yaml.safe_load(standins.STACKS_FILE.read_text())
+    table["gpu_stacks"]["future"] = {"cuda": {"version": "12.9.1", "packages": {"debian12": ["cuda-toolkit-12-9"]}}}
+    stacks = tmp_path / "stacks.yml"
+    stacks.write_text(yaml.safe_dump(table))
+    made = {(s.name, s.version) for s in standins.load_standins(stacks_file=stacks)}
+    assert {("cuda-toolkit-12-9", "12.9.1-1"), ("cuda-nvcc-12-9", "12.9.1-1")} <= made
+
+
+def test_the_driver_scenario_pins_a_version_that_exists(packages: dict[str, list[str]]) -> None:
+    converge = yaml.safe_load((ROLES / "nvidia_driver" / "molecule" / "default" / "converge.yml").read_text())
+    pinned = converge[0]["vars"]["nvidia_driver_version"]
+    assert f"{pinned}-1" in packages["nvidia-driver"]
+
+
+# --- Labels -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("standin", standins.load_standins(), ids=lambda s: f"{s.name}={s.version}")
+def test_every_control_file_says_stand_in(standin: standins.StandIn) -> None:
+    sources = {item.dest: f"/tmp/{Path(item.dest).name}" for item in standin.files}
+    control = standins.control_file(standin, sources)
+    assert f"Description: {standins.STANDIN_LABEL} (" in control
+    assert f"Package: {standin.name}\nVersion: {standin.version}\n" in control
+    assert "{version}" not in control and "{upstream}" not in control
+    if sources:
+        # equivs reads the first pair on the field's own line.
+        assert "\nFiles: /tmp/" in control
+
+
+def test_every_shipped_file_says_stand_in() -> None:
+    shipped = {item.src for standin in standins.load_standins() for item in standin.files}
+    assert shipped
+    for name in shipped:
+        assert "STAND-IN" in (standins.STANDINS_DIR / name).read_text(), name
+
+
+def test_render_fills_placeholders_and_refuses_unknown_ones() -> None:
+    standin = _by_name("nvidia-smi", "535.261.03-1")
+    assert standins.render_file(standin, "@PACKAGE@ @VERSION@ @UPSTREAM@ @CUDA_DRIVER_API@") == (
+        "nvidia-smi 535.261.03-1 535.261.03 12.2"
+    )
+    with pytest.raises(LlmfleetError, match="@NOT_A_VALUE@"):
+        standins.render_file(standin, "@NOT_A_VALUE@")
+
+
+def test_content_key_follows_the_files(tmp_path: Path) -> None:
+    copy = tmp_path / "standins"
+    shutil.copytree(standins.STANDINS_DIR, copy)
+    listed = standins.load_standins()
+    before = standins.content_key(listed, copy)
+    assert standins.content_key(listed, copy) == before
+    (copy / "nvcc").write_text((copy / "nvcc").read_text() + "# changed\n")
+    assert standins.content_key(listed, copy) != before
+
+
+# --- The commands they ship ---------------------------------------------------
+
+
+def test_stand_in_nvidia_smi_answers_the_roles_queries(tmp_path: Path) -> None:
+    smi = _render(tmp_path, "nvidia-smi", "535.261.03-1", "nvidia-smi")
+    fields = "index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,display_active,driver_version,compute_cap"
+    result = subprocess.run(
+        [sys.executable, smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert "STAND-IN" in result.stderr
+    rows = [line.split(", ") for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows] == ["0", "1"]
+    assert all(len(row) == 10 and row[8] == "535.261.03" and "STAND-IN" in row[1] for row in rows)
+    assert len({row[3] for row in rows}) == 2, "every GPU has its own bus id"
+    version = subprocess.run([sys.executable, smi, "--version"], capture_output=True, text=True, check=False)
+    assert "DRIVER version      : 535.261.03" in version.stdout
+    bad = subprocess.run(
+        [sys.executable, smi, "--query-gpu=bogus", "--format=csv"], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2
+    assert 'Field "bogus" is not a valid field to query.' in bad.stdout
+
+
+def test_stand_in_nvidia_ctk_writes_a_labelled_cdi_spec(tmp_path: Path) -> None:
+    ctk = _render(tmp_path, "nvidia-container-toolkit-base", "1.18.2-1", "nvidia-ctk")
+    version = subprocess.run([sys.executable, ctk, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("NVIDIA Container Toolkit CLI version 1.18.2\n")
+    spec = tmp_path / "cdi" / "nvidia.yaml"
+    subprocess.run([sys.executable, ctk, "cdi", "generate", f"--output={spec}"], check=True, capture_output=True)
+    text = spec.read_text()
+    assert text.startswith("# llmfleet STAND-IN")
+    assert yaml.safe_load(text)["kind"] == "nvidia.com/gpu"
+    stdout = subprocess.run([sys.executable, ctk, "cdi", "generate"], capture_output=True, text=True, check=True)
+    assert stdout.stdout == text, "stdout and --output give the same specification"
+
+
+def test_stand_in_nvcc_prints_the_release(tmp_path: Path) -> None:
+    nvcc = _render(tmp_path, "cuda-nvcc-12-1", "12.1.1-1", "nvcc")
+    output = subprocess.run(["sh", nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    assert "Cuda compilation tools, release 12.1, V12.1.1" in output
+    assert "STAND-IN" in output
+
+
+# --- A real build (equivs) ----------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("equivs-build") is None, reason="equivs is not installed")
+def test_one_stand_in_builds_into_an_indexed_repository(tmp_path: Path) -> None:
+    standin = _by_name("nvidia-smi", "535.261.03-1")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    deb = standins._build_one(standin, standins.STANDINS_DIR, repo, standins._templates(tmp_path))
+    standins._index(repo)
+    [stanza] = standins.packages_index(repo)
+    assert (stanza["Package"], stanza["Version"]) == ("nvidia-smi", "535.261.03-1")
+    assert stanza["Description"].startswith(standins.STANDIN_LABEL)
+    assert "./usr/bin/nvidia-smi" in subprocess.run(["dpkg-deb", "-c", deb], capture_output=True, text=True).stdout
+    release = (repo / "Release").read_text()
+    assert "Label: llmfleet STAND-IN packages (not NVIDIA's)" in release
+    for name in ("Packages", "Packages.gz"):
+        assert hashlib.sha256((repo / name).read_bytes()).hexdigest() in release, name
