@@ -29,6 +29,8 @@ if [[ "$(cat .venv/.llmfleet-stamp 2>/dev/null)" != "$stamp" ]]; then
   echo "bootstrap: creating .venv from constraints.txt"
   rm -rf .venv
   python3 -m venv .venv
-  .venv/bin/pip install --quiet --constraint constraints.txt --editable '.[dev]'
+  # -qq: the machine-wide pip configuration may name index folders that do not
+  # exist; pip warns once per package about them, which buries real errors.
+  .venv/bin/pip install -qq --constraint constraints.txt --editable '.[dev]'
   echo "$stamp" > .venv/.llmfleet-stamp
 fi
