@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,46 +301,56 @@ def _partial_name(name: str) -> str:
     return f".{name}.partial"
 
 
-def _check_destination(path: Path) -> None:
-    """Refuse anything but a missing or empty directory, or an earlier tiny model."""
+def _check_destination(path: Path, names: Collection[str], marker: str, what: str, command: str) -> None:
+    """Refuse anything but a missing or empty directory, or an earlier output of the same command."""
     if not path.exists():
         return
     if not path.is_dir():
-        raise LlmfleetError(f"{path} exists and is not a directory; pick another path for the tiny model")
+        raise LlmfleetError(f"{path} exists and is not a directory; pick another path for the {what}")
     entries = sorted(entry.name for entry in path.iterdir())
     if not entries:
         return
-    if MARKER not in entries:
+    if marker not in entries:
         raise LlmfleetError(
-            f"{path} is not empty and was not made by `llmfleet model make-tiny` (no {MARKER});"
+            f"{path} is not empty and was not made by `{command}` (no {marker});"
             " refusing to write into it: pick an empty or new directory"
         )
-    ours = set(FILES) | {_partial_name(name) for name in FILES}
+    ours = set(names) | {_partial_name(name) for name in names}
     foreign = [name for name in entries if name not in ours]
     if foreign:
         raise LlmfleetError(
-            f"{path} holds a tiny model but also other files ({', '.join(foreign)});"
+            f"{path} holds a {what} but also other files ({', '.join(foreign)});"
             " refusing to overwrite it: move them away or pick another directory"
         )
 
 
-def make_tiny_model(path: Path, seed: int = 0) -> TinyModel:
-    """Write the tiny model into path (created if missing) and return what was written.
+def write_generated_dir(path: Path, files: Mapping[str, bytes], marker: str, what: str, command: str
+                        ) -> tuple[Path, ...]:
+    """Write generated files into path (created if missing); return them, sorted.
 
     An existing directory is only written into when it is empty or holds an
-    earlier tiny model and nothing else. Each file is written beside its final
-    name and renamed into place, so an interrupted run leaves whole files.
+    earlier output of the same command (its marker file) and nothing else. Each
+    file is written beside its final name and renamed into place, so an
+    interrupted run leaves whole files.
     """
-    _check_destination(path)
-    files = tiny_model_files(seed)
+    _check_destination(path, files.keys(), marker, what, command)
     path.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     # The marker goes first: it claims the directory, so a rerun after an
     # interrupted run recognises the files (whole or partial) as its own.
-    for name in sorted(files, key=lambda name: name != MARKER):
+    for name in sorted(files, key=lambda name: name != marker):
         target = path / name
         partial = path / _partial_name(name)
         partial.write_bytes(files[name])
         partial.replace(target)
         written.append(target)
-    return TinyModel(path=path, seed=seed, files=tuple(sorted(written)))
+    return tuple(sorted(written))
+
+
+def make_tiny_model(path: Path, seed: int = 0) -> TinyModel:
+    """Write the tiny model into path (created if missing) and return what was written.
+
+    See write_generated_dir for which directories it writes into, and how.
+    """
+    written = write_generated_dir(path, tiny_model_files(seed), MARKER, "tiny model", "llmfleet model make-tiny")
+    return TinyModel(path=path, seed=seed, files=written)

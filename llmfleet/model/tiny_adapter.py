@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.model.tiny import FloatArray, safetensors_bytes
+from llmfleet.model.tiny import FloatArray, safetensors_bytes, write_generated_dir
 from llmfleet.module_utils import model_validation
 
 ADAPTER_CONFIG = model_validation.ADAPTER_CONFIG
@@ -159,33 +159,6 @@ def tiny_adapter_files(
     }
 
 
-def _partial_name(name: str) -> str:
-    return f".{name}.partial"
-
-
-def _check_destination(path: Path) -> None:
-    """Refuse anything but a missing or empty directory, or an earlier tiny adapter."""
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise LlmfleetError(f"{path} exists and is not a directory; pick another path for the adapter")
-    entries = sorted(entry.name for entry in path.iterdir())
-    if not entries:
-        return
-    if MARKER not in entries:
-        raise LlmfleetError(
-            f"{path} is not empty and was not made by `llmfleet model make-tiny-adapter` (no {MARKER});"
-            " refusing to write into it: pick an empty or new directory"
-        )
-    ours = set(FILES) | {_partial_name(name) for name in FILES}
-    foreign = [name for name in entries if name not in ours]
-    if foreign:
-        raise LlmfleetError(
-            f"{path} holds a tiny adapter but also other files ({', '.join(foreign)});"
-            " refusing to overwrite it: move them away or pick another directory"
-        )
-
-
 def make_tiny_adapter(
     path: Path,
     base: Path,
@@ -195,14 +168,6 @@ def make_tiny_adapter(
     alpha: int | None = None,
 ) -> TinyAdapter:
     """Write a LoRA adapter for base into path (created if missing) and return what was written."""
-    _check_destination(path)
     files = tiny_adapter_files(base, seed, targets, rank, alpha)
-    path.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name in sorted(files, key=lambda name: name != MARKER):
-        target = path / name
-        partial = path / _partial_name(name)
-        partial.write_bytes(files[name])
-        partial.replace(target)
-        written.append(target)
-    return TinyAdapter(path=path, base=base, seed=seed, rank=rank, targets=tuple(targets), files=tuple(sorted(written)))
+    written = write_generated_dir(path, files, MARKER, "tiny adapter", "llmfleet model make-tiny-adapter")
+    return TinyAdapter(path=path, base=base, seed=seed, rank=rank, targets=tuple(targets), files=written)
