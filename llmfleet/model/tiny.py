@@ -324,8 +324,9 @@ def _check_destination(path: Path, names: Collection[str], marker: str, what: st
         )
 
 
-def write_generated_dir(path: Path, files: Mapping[str, bytes], marker: str, what: str, command: str
-                        ) -> tuple[Path, ...]:
+def write_generated_dir(
+    path: Path, files: Mapping[str, bytes], marker: str, what: str, command: str
+) -> tuple[Path, ...]:
     """Write generated files into path (created if missing); return them, sorted.
 
     An existing directory is only written into when it is empty or holds an
