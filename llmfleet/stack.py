@@ -43,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--cuda", metavar="V", help="CUDA toolkit: 12.1 or 12.1.1")
     check.add_argument("--torch", metavar="V", help="PyTorch, with its wheel label: 2.3.0+cu121")
     check.add_argument("--vllm", metavar="V", help="vLLM: 0.4.2")
+    check.add_argument("--transformers", metavar="V", help="transformers, checked against --vllm's range: 4.40.2")
     gpu = check.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", metavar="NAME", help='GPU name, e.g. "RTX 4090", "H100", "NVIDIA A100-SXM4-80GB"')
     gpu.add_argument("--compute-capability", metavar="X.Y", help="GPU compute capability: 8.9 or sm_89")
@@ -90,7 +91,9 @@ def _check(args: argparse.Namespace) -> int:
     try:
         compute_capability = _compute_capability(args)
         if args.stack is not None:
-            given = [f"--{flag}" for flag in ("cuda", "torch", "vllm") if getattr(args, flag) is not None]
+            given = [
+                f"--{flag}" for flag in ("cuda", "torch", "vllm", "transformers") if getattr(args, flag) is not None
+            ]
             if given:
                 raise LlmfleetError(
                     f"{', '.join(given)} cannot be combined with --stack: the stack names those versions"
@@ -107,9 +110,20 @@ def _check(args: argparse.Namespace) -> int:
             missing = [f"--{flag}" for flag in ("driver", "cuda") if getattr(args, flag) is None]
             if missing:
                 raise LlmfleetError(f"give {' and '.join(missing)} (or --stack NAME)")
-            checked = {"driver": args.driver, "cuda": args.cuda, "torch": args.torch, "vllm": args.vllm}
+            checked = {
+                "driver": args.driver,
+                "cuda": args.cuda,
+                "torch": args.torch,
+                "vllm": args.vllm,
+                "transformers": args.transformers,
+            }
             problems = stack_compat.check(
-                args.driver, args.cuda, torch=args.torch, vllm=args.vllm, compute_capability=compute_capability
+                args.driver,
+                args.cuda,
+                torch=args.torch,
+                vllm=args.vllm,
+                compute_capability=compute_capability,
+                transformers=args.transformers,
             )
     except ValueError as error:
         raise LlmfleetError(str(error)) from error
@@ -157,6 +171,7 @@ def _show(args: argparse.Namespace) -> int:
             f"  torch    {versions['torch']}",
             f"  vllm     {versions['vllm']}",
             f"  image    {stack.get('vllm', {}).get('image')}",
+            f"  tooling  transformers {versions['transformers']}, peft {versions['peft']}",
         ]
         description = " ".join(str(stack.get("description", "")).split())
         if description:

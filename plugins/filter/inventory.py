@@ -44,17 +44,13 @@ def inventory_problems(
         for name in names:
             for host in groups.get(name, []):
                 if host in seen:
-                    problems.append(
-                        f"host '{host}' is in both '{seen[host]}' and '{name}': keep it in one of them"
-                    )
+                    problems.append(f"host '{host}' is in both '{seen[host]}' and '{name}': keep it in one of them")
                 else:
                     seen[host] = name
     member_of_role = {host for name in required for host in groups.get(name, [])}
     for host in groups.get("all", []):
         if host not in member_of_role:
-            problems.append(
-                f"host '{host}' is in none of the groups {', '.join(required)}: add it to one or remove it"
-            )
+            problems.append(f"host '{host}' is in none of the groups {', '.join(required)}: add it to one or remove it")
     return problems
 
 

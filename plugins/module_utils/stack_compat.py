@@ -114,8 +114,9 @@ class Version:
         return ".".join(str(part) for part in self.release)
 
 
-def _parse(value: object, what: str, example: str, parts: tuple[int, int], allow_local: bool = False,
-           allow_post: bool = False) -> Version:
+def _parse(
+    value: object, what: str, example: str, parts: tuple[int, int], allow_local: bool = False, allow_post: bool = False
+) -> Version:
     if not isinstance(value, str):
         # YAML turns an unquoted 12.10 into the float 12.1: refuse rather than guess.
         raise ValueError(
@@ -161,6 +162,16 @@ def parse_vllm_version(value: object) -> Version:
     return _parse(value, "vLLM version", "0.4.2", (2, 4), allow_post=True)
 
 
+def parse_transformers_version(value: object) -> Version:
+    """A Hugging Face transformers version: 4.40.2."""
+    return _parse(value, "transformers version", "4.40.2", (2, 3))
+
+
+def parse_peft_version(value: object) -> Version:
+    """A PEFT version: 0.11.1."""
+    return _parse(value, "PEFT version", "0.11.1", (2, 3))
+
+
 def parse_compute_capability(value: object) -> tuple[int, int]:
     """A compute capability: 8.9, sm_89, sm_100 or compute_90 -> (major, minor)."""
     if not isinstance(value, str):
@@ -201,6 +212,7 @@ PYTORCH_RELEASE_MATRIX = "https://github.com/pytorch/pytorch/blob/main/RELEASE.m
 PYTORCH_PREVIOUS_VERSIONS = "https://pytorch.org/get-started/previous-versions/"
 PYTORCH_CPP_EXTENSION = "https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py"
 VLLM_RELEASES = "https://github.com/vllm-project/vllm/releases"
+VLLM_RELEASE_NOTES_PAGE = "https://vllm.ai/releases"
 CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
 
 # Minimum Linux x86_64 driver for each CUDA toolkit release.
@@ -302,6 +314,21 @@ VLLM_TORCH: dict[tuple[int, ...], str] = {
     (0, 11, 0): "2.8.0",
 }
 
+# The transformers each vLLM release accepts: (minimum, first refused or None).
+# Minimums are the "transformers >= X" of each release's published package
+# metadata (Requires-Dist; requirements-common.txt / requirements/common.txt in
+# the release's source). vLLM 0.9.x also breaks on transformers 4.54: vLLM's
+# release page (VLLM_RELEASE_NOTES_PAGE) says "vLLM v0.9.x: These versions
+# require transformers < 4.54.0". Same releases as VLLM_TORCH (a test checks).
+VLLM_TRANSFORMERS: dict[tuple[int, ...], tuple[str, str | None]] = {
+    (0, 4, 2): ("4.40.0", None),
+    (0, 9, 0): ("4.51.1", "4.54.0"),
+    (0, 9, 1): ("4.51.1", "4.54.0"),
+    (0, 9, 2): ("4.51.1", "4.54.0"),
+    (0, 10, 2): ("4.55.2", None),
+    (0, 11, 0): ("4.55.2", None),
+}
+
 # First CUDA toolkit that compiles native code for each compute capability.
 # Sources: NVIDIA's architecture compatibility guides, whose "Building
 # Applications Using CUDA Toolkit X" sections name the first toolkit:
@@ -383,6 +410,7 @@ RULES: dict[str, str] = {
     "torch-cuda-major-mismatch": PYTORCH_CPP_EXTENSION,
     "unknown-vllm-version": VLLM_RELEASES,
     "vllm-torch-mismatch": VLLM_RELEASES,
+    "vllm-transformers-mismatch": VLLM_RELEASES,
     "unknown-compute-capability": CUDA_GPUS,
     "cuda-too-old-for-gpu": "https://docs.nvidia.com/cuda/ada-compatibility-guide/",
     "torch-cuda-too-old-for-gpu": "https://docs.nvidia.com/cuda/ada-compatibility-guide/",
@@ -519,6 +547,7 @@ def check(
     torch: str | None = None,
     vllm: str | None = None,
     compute_capability: str | None = None,
+    transformers: str | None = None,
 ) -> list[Problem]:
     """Every rule the given versions break; an empty list means compatible.
 
@@ -529,6 +558,7 @@ def check(
     cuda_v = parse_cuda_version(cuda)
     torch_v = parse_torch_version(torch) if torch is not None else None
     vllm_v = parse_vllm_version(vllm) if vllm is not None else None
+    transformers_v = parse_transformers_version(transformers) if transformers is not None else None
     capability = parse_compute_capability(compute_capability) if compute_capability is not None else None
 
     problems: list[Problem] = []
@@ -539,6 +569,8 @@ def check(
         problems += torch_problems
     if vllm_v is not None:
         problems += _check_vllm(vllm_v, torch_v)
+        if transformers_v is not None:
+            problems += _check_vllm_transformers(vllm_v, transformers_v)
     if capability is not None:
         problems += _check_gpu(driver_v, cuda_v, torch_cuda, capability)
     return problems
@@ -677,6 +709,29 @@ def _check_vllm(vllm: Version, torch: Version | None) -> list[Problem]:
     return []
 
 
+def _check_vllm_transformers(vllm: Version, transformers: Version) -> list[Problem]:
+    bounds = VLLM_TRANSFORMERS.get(vllm.release)
+    if bounds is None:
+        return []  # an unknown vLLM is already refused by _check_vllm
+    low = parse_transformers_version(bounds[0])
+    high = parse_transformers_version(bounds[1]) if bounds[1] is not None else None
+    if low <= transformers and (high is None or transformers < high):
+        return []
+    required = f">= {low}" + (f", < {high}" if high is not None else "")
+    return [
+        Problem(
+            "vllm-transformers-mismatch",
+            found=f"vLLM {vllm} with transformers {transformers}",
+            required=f"transformers {required}",
+            message=(
+                f"vLLM {vllm} requires transformers {required} (its package metadata"
+                f"{'; vLLM release page' if high is not None else ''}); transformers {transformers} is outside it: "
+                "pick a transformers release in that range"
+            ),
+        )
+    ]
+
+
 def _check_gpu(
     driver: Version, cuda: Version, torch_cuda: Version | None, capability: tuple[int, int]
 ) -> list[Problem]:
@@ -705,7 +760,7 @@ def _check_gpu(
                 required=f">= {min_cuda}",
                 message=(
                     f"compute capability {cc}{gpus} needs CUDA >= {min_cuda}; CUDA {cuda} cannot build kernels "
-                    "for it (\"no kernel image is available\"): pin a newer CUDA"
+                    'for it ("no kernel image is available"): pin a newer CUDA'
                 ),
             )
         )
@@ -738,8 +793,10 @@ def _check_gpu(
     floor = min_driver_for_compute_capability(capability)
     if floor is not None and driver < floor:
         reach = max_compute_capability_for_driver(driver)
-        reach_text = f"reaches compute capability {format_compute_capability(reach)} at most" if reach else (
-            "predates every GPU in the table"
+        reach_text = (
+            f"reaches compute capability {format_compute_capability(reach)} at most"
+            if reach
+            else ("predates every GPU in the table")
         )
         problems.append(
             Problem(
@@ -790,12 +847,14 @@ def stack_packages(stack: Mapping[str, object], name: str = "stack") -> dict[str
 
 
 def stack_versions(stack: Mapping[str, object], name: str = "stack") -> dict[str, str]:
-    """The versions of a stack as check() takes them (driver = the stack's minimum)."""
+    """The versions of a stack (driver = the stack's minimum); all but peft are check()'s arguments."""
     return {
         "driver": _get_str(stack, "driver.min_version", name),
         "cuda": _get_str(stack, "cuda.version", name),
         "torch": f"{_get_str(stack, 'torch.version', name)}+{_get_str(stack, 'torch.cuda_tag', name)}",
         "vllm": _get_str(stack, "vllm.version", name),
+        "transformers": _get_str(stack, "transformers.version", name),
+        "peft": _get_str(stack, "peft.version", name),
     }
 
 
@@ -818,6 +877,7 @@ def check_stack(
     cuda = parse_cuda_version(versions["cuda"])
     torch = parse_torch_version(versions["torch"])
     vllm = parse_vllm_version(versions["vllm"])
+    parse_peft_version(versions["peft"])  # only its form: the table holds no PEFT rule
 
     problems: list[Problem] = []
     if not branch.isdigit() or int(branch) != min_driver.major:
@@ -877,6 +937,7 @@ def check_stack(
         torch=versions["torch"],
         vllm=versions["vllm"],
         compute_capability=compute_capability,
+        transformers=versions["transformers"],
     )
     return problems
 

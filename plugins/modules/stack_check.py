@@ -41,6 +41,11 @@ options:
     description:
       - vLLM version, for example C(0.4.2).
     type: str
+  transformers:
+    description:
+      - Hugging Face transformers version, for example C(4.40.2); checked against the range O(vllm) requires.
+      - Mutually exclusive with O(stack), which names it.
+    type: str
   gpu:
     description:
       - GPU name as C(nvidia-smi) or the vendor prints it, for example C(NVIDIA GeForce RTX 4090) or C(H100).
@@ -151,6 +156,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "cuda": {"type": "str"},
     "torch": {"type": "str"},
     "vllm": {"type": "str"},
+    "transformers": {"type": "str"},
     "gpu": {"type": "str"},
     "compute_capability": {"type": "str"},
     "stack": {"type": "dict"},
@@ -175,13 +181,14 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         missing = [key for key in ("driver", "cuda") if params[key] is None]
         if missing:
             raise ValueError(f"{' and '.join(missing)} required unless stack is given")
-        checked = {key: params[key] for key in ("driver", "cuda", "torch", "vllm")}
+        checked = {key: params[key] for key in ("driver", "cuda", "torch", "vllm", "transformers")}
         problems = check(
             params["driver"],
             params["cuda"],
             torch=params["torch"],
             vllm=params["vllm"],
             compute_capability=compute_capability,
+            transformers=params["transformers"],
         )
     checked["compute_capability"] = compute_capability
     return {"ok": not problems, "problems": [problem.as_dict() for problem in problems], "checked": checked}
@@ -195,6 +202,7 @@ def main() -> None:
             ("stack", "cuda"),
             ("stack", "torch"),
             ("stack", "vllm"),
+            ("stack", "transformers"),
         ],
         required_one_of=[("stack", "cuda")],
         supports_check_mode=True,

@@ -55,6 +55,8 @@ def test_compatible_versions_exit_0(run: Run, argv: list[str]) -> None:
          ">= 530.30.02"),
         (["--driver", "535.104.05", "--cuda", "12.1", "--torch", "2.1.2+cu121", "--vllm", "0.4.2"],
          "vllm-torch-mismatch", "torch == 2.3.0"),
+        (["--driver", "535.104.05", "--cuda", "12.1", "--vllm", "0.4.2", "--transformers", "4.39.3"],
+         "vllm-transformers-mismatch", "transformers >= 4.40.0"),
         (["--driver", "520.61.05", "--cuda", "11.7", "--gpu", "RTX 4090"], "cuda-too-old-for-gpu", ">= 11.8"),
         (["--driver", "470.199.02", "--cuda", "11.4", "--gpu", "RTX 4090"], "driver-too-old-for-gpu",
          ">= 520.61.05"),
@@ -95,6 +97,8 @@ def test_json_for_a_compatible_stack(run: Run) -> None:
         "cuda": "12.1.1",
         "torch": "2.3.0+cu121",
         "vllm": "0.4.2",
+        "transformers": "4.40.2",
+        "peft": "0.11.1",
         "compute_capability": "8.9",
         "gpu": "RTX 4090",
     }

@@ -43,8 +43,10 @@ def test_sound_inventory_has_no_problems() -> None:
         ({"gpu_nodes": None}, "group 'gpu_nodes' is missing"),
         ({"gpu_standby": None}, "group 'gpu_standby' is missing"),
         ({"gateways": [], "all": SOUND["all"][1:]}, "group 'gateways' has no hosts"),
-        ({"redis": ["redis1", "redis2"], "all": [*SOUND["all"], "redis2"]},
-         "group 'redis' must have exactly one host, has 2: redis1, redis2"),
+        (
+            {"redis": ["redis1", "redis2"], "all": [*SOUND["all"], "redis2"]},
+            "group 'redis' must have exactly one host, has 2: redis1, redis2",
+        ),
         ({"gpu_standby": ["gpu2"], "all": SOUND["all"][:-1]}, "host 'gpu2' is in both 'gpu_nodes' and 'gpu_standby'"),
         ({"all": [*SOUND["all"], "stray"], "ungrouped": ["stray"]}, "host 'stray' is in none of the groups"),
     ],

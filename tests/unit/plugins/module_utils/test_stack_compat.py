@@ -17,6 +17,7 @@ from llmfleet.module_utils.stack_compat import (
     RULES,
     TORCH_CUDA_TAGS,
     VLLM_TORCH,
+    VLLM_TRANSFORMERS,
     Problem,
     check,
     check_stack,
@@ -102,8 +103,14 @@ def test_versions_compare_numerically_and_ignore_padding() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("8.9", (8, 9)), ("sm_89", (8, 9)), ("SM89", (8, 9)), ("sm_100", (10, 0)), ("compute_90", (9, 0)),
-     ("12.0", (12, 0))],
+    [
+        ("8.9", (8, 9)),
+        ("sm_89", (8, 9)),
+        ("SM89", (8, 9)),
+        ("sm_100", (10, 0)),
+        ("compute_90", (9, 0)),
+        ("12.0", (12, 0)),
+    ],
 )
 def test_compute_capability_parses(text: str, expected: tuple[int, int]) -> None:
     assert stack_compat.parse_compute_capability(text) == expected
@@ -274,11 +281,35 @@ def test_incompatible_combinations_are_refused(
     assert required in by_rule(problems, rule).required
 
 
+@pytest.mark.parametrize(
+    ("vllm", "transformers", "required"),
+    [
+        ("0.4.2", "4.39.3", "transformers >= 4.40.0"),
+        ("0.9.2", "4.50.3", "transformers >= 4.51.1, < 4.54.0"),
+        ("0.9.2", "4.54.0", "transformers >= 4.51.1, < 4.54.0"),
+        ("0.11.0", "4.55.1", "transformers >= 4.55.2"),
+    ],
+)
+def test_transformers_outside_the_vllm_range_is_refused(vllm: str, transformers: str, required: str) -> None:
+    torch = VLLM_TORCH[stack_compat.parse_vllm_version(vllm).release]
+    problems = check("580.65.06", "12.8.1", vllm=vllm, torch=torch, transformers=transformers)
+    assert rules(problems) == ["vllm-transformers-mismatch"]
+    assert problems[0].required == required
+    assert transformers in problems[0].message
+
+
+@pytest.mark.parametrize(("vllm", "transformers"), [("0.4.2", "4.40.0"), ("0.4.2", "4.57.6"), ("0.9.2", "4.53.3")])
+def test_transformers_inside_the_vllm_range_passes(vllm: str, transformers: str) -> None:
+    assert check("580.65.06", "12.8.1", vllm=vllm, transformers=transformers) == []
+
+
 def test_garbage_input_raises_before_any_rule() -> None:
     with pytest.raises(ValueError, match="NVIDIA driver version 'banana'"):
         check("banana", "12.1")
     with pytest.raises(ValueError, match="vLLM version"):
         check("535.104.05", "12.1", vllm="latest")
+    with pytest.raises(ValueError, match="transformers version"):
+        check("535.104.05", "12.1", vllm="0.4.2", transformers="4.40.2+local")
 
 
 def test_every_problem_names_a_rule_with_a_source_and_serialises() -> None:
@@ -311,6 +342,14 @@ def test_every_torch_label_has_a_driver_row_and_every_vllm_torch_is_known() -> N
     for torch in VLLM_TORCH.values():
         version = stack_compat.parse_torch_version(torch)
         assert (version.major, version.minor) in TORCH_CUDA_TAGS
+
+
+def test_every_vllm_release_has_a_transformers_range() -> None:
+    assert set(VLLM_TRANSFORMERS) == set(VLLM_TORCH)
+    for low, high in VLLM_TRANSFORMERS.values():
+        assert high is None or stack_compat.parse_transformers_version(low) < stack_compat.parse_transformers_version(
+            high
+        )
 
 
 def test_driver_table_never_decreases_with_the_toolkit() -> None:
@@ -347,6 +386,7 @@ def test_the_mission_stack_refuses_the_write_ups_driver() -> None:
         ("torch.cuda_tag", "cu118", "stack-torch-cuda-tag-mismatch"),
         ("vllm.image", "vllm/vllm-openai:v0.4.1", "stack-image-tag-mismatch"),
         ("vllm.version", "0.9.2", "vllm-torch-mismatch"),
+        ("transformers.version", "4.39.3", "vllm-transformers-mismatch"),
     ],
 )
 def test_a_drifted_stack_is_refused(path: str, value: object, rule: str) -> None:
@@ -364,6 +404,9 @@ def test_a_drifted_stack_is_refused(path: str, value: object, rule: str) -> None
     [
         (lambda stack: stack["driver"].pop("min_version"), "missing driver.min_version"),
         (lambda stack: stack["cuda"].__setitem__("version", 12.1), "quote versions"),
+        (lambda stack: stack.pop("peft"), "missing peft.version"),
+        (lambda stack: stack["peft"].__setitem__("version", "latest"), "PEFT version 'latest'"),
+        (lambda stack: stack["transformers"].__setitem__("version", 4.4), "quote versions"),
         (lambda stack: stack["cuda"].__setitem__("packages", {}), "cuda.packages"),
         (lambda stack: stack["cuda"]["packages"].__setitem__("ubuntu2204", "cuda-toolkit-12-1"), "non-empty list"),
     ],

@@ -35,8 +35,13 @@ def run_module(tmp_path: Path, args: dict[str, Any], check_mode: bool = False) -
 @pytest.mark.parametrize(
     "args",
     [
-        {"driver": "535.104.05", "cuda": "12.1.1", "torch": "2.3.0+cu121", "vllm": "0.4.2",
-         "compute_capability": "8.9"},
+        {
+            "driver": "535.104.05",
+            "cuda": "12.1.1",
+            "torch": "2.3.0+cu121",
+            "vllm": "0.4.2",
+            "compute_capability": "8.9",
+        },
         {"driver": "535.104.05", "cuda": "12.1", "gpu": "NVIDIA GeForce RTX 4090"},
         {"stack": STACKS["mission-cu121"], "stack_name": "mission-cu121", "gpu": "NVIDIA H100 80GB HBM3"},
         {"stack": STACKS["current-cu128"], "stack_name": "current-cu128", "driver": "580.82.07", "gpu": "B200"},
@@ -55,13 +60,23 @@ def test_compatible_stacks_pass_and_change_nothing(tmp_path: Path, args: dict[st
     ("args", "rule", "required"),
     [
         ({"driver": "470.199.02", "cuda": "12.1"}, "driver-too-old-for-cuda", ">= 530.30.02"),
-        ({"driver": "470.199.02", "cuda": "11.4", "torch": "2.3.0+cu121"}, "driver-too-old-for-torch",
-         ">= 530.30.02"),
-        ({"driver": "535.104.05", "cuda": "12.1", "torch": "2.1.2+cu121", "vllm": "0.4.2"},
-         "vllm-torch-mismatch", "torch == 2.3.0"),
+        ({"driver": "470.199.02", "cuda": "11.4", "torch": "2.3.0+cu121"}, "driver-too-old-for-torch", ">= 530.30.02"),
+        (
+            {"driver": "535.104.05", "cuda": "12.1", "torch": "2.1.2+cu121", "vllm": "0.4.2"},
+            "vllm-torch-mismatch",
+            "torch == 2.3.0",
+        ),
+        (
+            {"driver": "580.65.06", "cuda": "12.8.1", "vllm": "0.9.2", "transformers": "4.54.0"},
+            "vllm-transformers-mismatch",
+            "transformers >= 4.51.1, < 4.54.0",
+        ),
         ({"driver": "520.61.05", "cuda": "11.7", "gpu": "RTX 4090"}, "cuda-too-old-for-gpu", ">= 11.8"),
-        ({"stack": STACKS["mission-cu121"], "driver": "470.199.02", "gpu": "RTX 4090"}, "driver-too-old-for-gpu",
-         ">= 520.61.05"),
+        (
+            {"stack": STACKS["mission-cu121"], "driver": "470.199.02", "gpu": "RTX 4090"},
+            "driver-too-old-for-gpu",
+            ">= 520.61.05",
+        ),
     ],
 )
 def test_incompatible_stacks_fail_with_the_rule_and_minimum(
@@ -136,7 +151,11 @@ def test_documented_options_are_the_argument_spec() -> None:
 def test_ansible_doc_renders_the_module(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(ANSIBLE_BIN / "ansible-doc"), "--json", "stack_check"],
-        cwd=tmp_path, env=ansible_env(tmp_path), capture_output=True, text=True, check=False,
+        cwd=tmp_path,
+        env=ansible_env(tmp_path),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)["stack_check"]["doc"]
