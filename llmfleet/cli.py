@@ -24,6 +24,7 @@ COMMAND_GROUPS = (
     "llmfleet.roledocs",
     "llmfleet.stack",
     "llmfleet.planner",
+    "llmfleet.engine",
     "llmfleet.standins",
 )
 

@@ -1,0 +1,91 @@
+"""Filters that render and check the vLLM server's flags against the pinned engine's real list.
+
+``options | vllm_args(version)`` turns a mapping of typed values into the argv
+of ``python -m vllm.entrypoints.openai.api_server``, and fails the play with
+every problem when a flag is not one that release has (with the closest real
+flag: "unknown flag --gpu-memory-utilization-gpu0: did you mean
+--gpu-memory-utilization?"), a value is missing, of the wrong type or outside
+the choices::
+
+    - name: Render the engine's flags from typed variables
+      ansible.builtin.set_fact:
+        __vllm_argv: "{{ {'model': '/models/current', 'tensor_parallel_size': 2,
+                          'gpu_memory_utilization': 0.9, 'enable_prefix_caching': true}
+                         | vllm_args(gpu_stacks[gpu_stack].vllm.version) }}"
+
+``argv | vllm_args_problems(version)`` returns the problems of an argv given as
+a list (an operator's extra flags), empty when it is valid, for an
+``ansible.builtin.assert`` before deploy.
+
+Values: None leaves a flag out; true gives ``--flag`` and false ``--no-flag``
+where the release has one; lists give several values or a repeated flag; a
+dict gives JSON with sorted keys, so the rendered argv is the same every run.
+
+The logic is plugins/module_utils/engine_args.py, shared with ``llmfleet engine
+check-args``; the lists are files/engine_flags/vllm-<version>.json. Filter
+plugins run on the controller, where ``ansible.module_utils`` holds only
+Ansible's own module_utils, so the file is loaded from its path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+_ENGINE_ARGS_PATH = Path(__file__).resolve().parent.parent / "module_utils" / "engine_args.py"
+_MODULE_NAME = "_llmfleet_engine_args"
+
+
+def _engine_args() -> ModuleType:
+    """plugins/module_utils/engine_args.py, loaded once by path."""
+    module = sys.modules.get(_MODULE_NAME)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(_MODULE_NAME, _ENGINE_ARGS_PATH)
+        if spec is None or spec.loader is None:  # pragma: no cover (the file ships with the plugin)
+            raise AnsibleFilterError(f"vllm_args: cannot load {_ENGINE_ARGS_PATH}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_MODULE_NAME] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _flags(version: Any, filter_name: str) -> dict[str, Any]:
+    try:
+        flags: dict[str, Any] = _engine_args().load_flags(str(version))
+    except ValueError as error:
+        raise AnsibleFilterError(f"{filter_name}: {error}") from error
+    return flags
+
+
+def vllm_args(options: Mapping[str, Any], version: Any) -> list[str]:
+    """The engine's argv for typed options; AnsibleFilterError naming every bad flag."""
+    if not isinstance(options, Mapping):
+        raise AnsibleFilterError(f"vllm_args expects a mapping of flag -> value, got {type(options).__name__}")
+    module = _engine_args()
+    flags = _flags(version, "vllm_args")
+    try:
+        argv: list[str] = module.render_args(dict(options), flags)
+    except module.EngineArgsError as error:
+        raise AnsibleFilterError(f"vllm_args refused for vLLM {version}: " + " | ".join(error.problems)) from error
+    return argv
+
+
+def vllm_args_problems(argv: Sequence[Any], version: Any) -> list[str]:
+    """Every problem of an argv list for that engine version; empty when it is valid."""
+    if isinstance(argv, str | bytes) or not isinstance(argv, Sequence):
+        raise AnsibleFilterError("vllm_args_problems expects a list of arguments, one item per argument")
+    _, problems = _engine_args().check_args([str(item) for item in argv], _flags(version, "vllm_args_problems"))
+    return list(problems)
+
+
+class FilterModule:
+    """llmfleet vLLM flag filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"vllm_args": vllm_args, "vllm_args_problems": vllm_args_problems}
