@@ -1,0 +1,69 @@
+"""Per-process state and the dependencies routes declare: `StateDep` and `PrincipalDep`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from llmfleet.gateway.auth import Principal, Verifier, bearer_token
+from llmfleet.gateway.config import GatewaySettings
+from llmfleet.gateway.errors import APIError
+from llmfleet.gateway.metrics import GatewayMetrics
+from llmfleet.gateway.validation import ModelInfo
+from llmfleet.queue.producer import Producer, ReplyListener
+from llmfleet.queue.registry import CachedRegistry
+
+
+@dataclass
+class AppState:
+    """What one gateway process shares between requests; made by the app's lifespan, closed with it."""
+
+    settings: GatewaySettings
+    redis: aioredis.Redis
+    blocking: aioredis.Redis
+    producer: Producer
+    replies: ReplyListener
+    registry: CachedRegistry
+    verifier: Verifier
+    models: dict[str, ModelInfo]
+    metrics: GatewayMetrics
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run coroutine to completion even if the request that started it is cancelled."""
+        task = asyncio.create_task(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.llmfleet
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+# auto_error=False: a missing or malformed header gets our 401 (OpenAI-shaped, with
+# WWW-Authenticate), not FastAPI's 403. Declared so OpenAPI documents the scheme.
+_bearer = HTTPBearer(auto_error=False, description="a JWT minted by `llmfleet token` (or your identity provider)")
+
+
+async def authenticate(
+    request: Request,
+    state: StateDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    try:
+        return state.verifier.verify(bearer_token(request.headers.get("authorization")))
+    except APIError:
+        state.metrics.rejected.labels("auth").inc()
+        raise
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticate)]

@@ -1,0 +1,60 @@
+"""Every Redis key the queue uses, derived from one prefix (docs/gateway.md lists them).
+
+One Redis primary holds them all; the Lua scripts build per-request key names
+from the prefix, so Redis Cluster (which needs every key in KEYS) is not supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GROUP = "workers"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str
+
+    def lane(self, lane: str) -> str:
+        """The stream of one priority lane; consumer group GROUP."""
+        return f"{self.prefix}:q:{lane}"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}:dlq"
+
+    def reply(self, gateway_id: str) -> str:
+        """One gateway process's reply stream: chunks and final results for its waiters."""
+        return f"{self.prefix}:reply:{gateway_id}"
+
+    def job(self, request_id: str) -> str:
+        """Hash: owner, attempts, state, subject, ... of one request."""
+        return f"{self.prefix}:job:{request_id}"
+
+    def result(self, request_id: str) -> str:
+        """The first result of one request (SET NX), kept for the retention period."""
+        return f"{self.prefix}:result:{request_id}"
+
+    def partial(self, request_id: str) -> str:
+        """Text a streaming request has already sent to its client (for continuation)."""
+        return f"{self.prefix}:partial:{request_id}"
+
+    def cancel(self, request_id: str) -> str:
+        return f"{self.prefix}:cancel:{request_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    @property
+    def engines(self) -> str:
+        """Hash: worker id -> JSON report of the engines it sees."""
+        return f"{self.prefix}:engines"
+
+    def concurrency(self, subject: str) -> str:
+        """Sorted set of a subject's in-flight request ids, scored by lease expiry (ms)."""
+        return f"{self.prefix}:conc:{subject}"
+
+    def rate(self, scope: str, name: str, unit: str) -> str:
+        """Sliding-window counter of one limit: scope sub|tenant, unit req|tok."""
+        return f"{self.prefix}:rl:{scope}:{unit}:{name}"

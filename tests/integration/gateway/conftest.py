@@ -1,0 +1,116 @@
+"""Fixtures for the gateway tests: one real stack (Redis, gateway, worker) per test package.
+
+Everything listens on 127.0.0.1 and talks to the session's real vLLM (the
+`vllm_server` fixture, serving the tiny model as "tiny"). Redis persists with
+AOF and appendfsync always, and only an ACL user whose password is in a 0600
+file can connect (the password is in redis.conf, never on a command line).
+Tests that kill or replace workers leave one running worker behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from llmfleet.vllm_cpu import VllmServer
+from tests.integration.gateway.gatewaystack import (
+    CLAIM_IDLE_MS,
+    PREFIX,
+    RedisServer,
+    ReplyTap,
+    Stack,
+    StallingProxy,
+    StubEngine,
+    free_port,
+)
+
+
+@pytest.fixture(scope="package")
+def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("gateway-stack")
+    password_file = tmp / "redis.password"
+    password_file.write_text(secrets.token_hex(24))
+    password_file.chmod(0o600)
+    secret_file = tmp / "jwt.secret"
+    secret_file.write_text(secrets.token_hex(32))
+    secret_file.chmod(0o600)
+    redis_server = RedisServer(tmp / "redis", free_port(), password_file.read_text())
+    redis_server.start()
+    base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
+    base_env.update(
+        {
+            "LLMFLEET_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/0",
+            "LLMFLEET_REDIS_USERNAME": "llmfleet",
+            "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
+            "LLMFLEET_QUEUE_PREFIX": PREFIX,
+            "LLMFLEET_QUEUE_CLAIM_IDLE_MS": str(CLAIM_IDLE_MS),
+            "LLMFLEET_QUEUE_ENGINE_STALE_S": "10",
+            "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": "60",
+            "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": "60",
+            "LLMFLEET_LOG_LEVEL": "INFO",
+        }
+    )
+    stack = Stack(tmp, redis_server, vllm_server, secret_file, base_env)
+    try:
+        stack.start_gateway()
+        stack.start_worker()
+        stack.wait_gateway_ready()
+        yield stack
+    finally:
+        for service in [*stack.workers, stack.gateway]:
+            if service is not None and service.alive():
+                service.stop(timeout_s=10)
+        redis_server.kill()
+
+
+@pytest.fixture
+def tap(stack: Stack) -> Iterator[ReplyTap]:
+    reply_tap = ReplyTap(stack.redis)
+    try:
+        yield reply_tap
+    finally:
+        reply_tap.stop()
+
+
+@pytest.fixture
+def failing_engine() -> Iterator[tuple[str, Counter[str]]]:
+    """(url, hits by path) of an engine that passes health checks and answers 503 to every request."""
+    hits: Counter[str] = Counter()
+    handler = type("Stub", (StubEngine,), {"hits": hits})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port that was bound once and is closed now: connections are refused."""
+    return free_port()
+
+
+@pytest.fixture
+def stalling_engine(vllm_server: VllmServer) -> Iterator[str]:
+    """The URL of the real vLLM behind StallingProxy: a POST's stream stops after 40 events and hangs."""
+    release = threading.Event()
+    handler = type("Stalling", (StallingProxy,), {"upstream": vllm_server.url, "events": 40, "release": release})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,117 @@
+"""Schemathesis against the gateway's own OpenAPI document: no input makes it answer a server error.
+
+Every operation gets generated requests, valid and invalid (bodies, headers,
+path parameters), with a valid token. Completions are sent as tasks
+(`Prefer: respond-async`): generating up to thousands of tokens per example
+would take minutes, and the queue path is the same. Each accepted task is
+cancelled at once (DELETE /v1/tasks/{id}), and none of them may end in a
+server error on the worker's side either.
+
+Valid bodies name the served model ("tiny"), so they get past the model
+check into token counting, limits and the queue.
+
+(Schemathesis's own pytest loader, `from_fixture`, fails under pytest 9, so
+the strategies are driven with Hypothesis here, one test per operation.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+
+from tests.integration.gateway.gatewaystack import Stack, wait_for
+
+pytestmark = pytest.mark.vllm
+
+EXAMPLES_PER_MODE = 50
+OPERATIONS = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/tasks/{task_id}"),
+    ("DELETE", "/v1/tasks/{task_id}"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+]
+ACCEPTED: list[str] = []
+CALLS: list[str] = []
+STATUSES: list[int] = []
+
+
+@pytest.fixture(scope="module")
+def gateway_schema(stack: Stack) -> Any:
+    return schemathesis.openapi.from_url(f"{stack.url}/openapi.json", timeout=10)
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as http:
+        http.trust_env = False  # loopback only, whatever the proxy settings say
+        yield http
+
+
+def test_the_schema_lists_every_operation(gateway_schema: Any) -> None:
+    found = {(op.ok().method.upper(), op.ok().path) for op in gateway_schema.get_all_operations()}
+    assert found == set(OPERATIONS)
+
+
+# Negative cases need something to break: operations without parameters or a body get positive ones only.
+CASES = [
+    (method, path, mode)
+    for method, path in OPERATIONS
+    for mode in schemathesis.GenerationMode
+    if mode is schemathesis.GenerationMode.POSITIVE or method != "GET" or "{" in path
+]
+
+
+@pytest.mark.parametrize(("method", "path", "mode"), CASES, ids=[f"{m} {p} {g.value}" for m, p, g in CASES])
+def test_no_input_makes_the_gateway_answer_a_server_error(
+    gateway_schema: Any, session: requests.Session, stack: Stack, method: str, path: str, mode: Any
+) -> None:
+    operation = gateway_schema[path][method]
+    headers = {"Authorization": f"Bearer {stack.token('fuzzer')}"}
+    if method == "POST":
+        headers["Prefer"] = "respond-async"
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    # Each example is a real HTTP call: Hypothesis's speed health checks would fail on a loaded 2-core machine.
+    @settings(max_examples=EXAMPLES_PER_MODE, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def check(case: Any) -> None:
+        CALLS.append(case.method)
+        if mode is schemathesis.GenerationMode.POSITIVE and isinstance(case.body, dict) and "model" in case.body:
+            case.body["model"] = "tiny"  # a served model: otherwise nearly every valid body stops at 404
+        response = case.call(base_url=stack.url, session=session, headers=headers, timeout=30)
+        case.validate_response(response, checks=[not_a_server_error])
+        STATUSES.append(response.status_code)
+        if response.status_code == 202:
+            task_id = response.json()["id"]
+            ACCEPTED.append(task_id)
+            # Cancel at once: the engine would otherwise generate thousands of tokens per example,
+            # and on 2 cores that starves everything else (its /health included).
+            cancelled = session.delete(f"{stack.url}/v1/tasks/{task_id}", headers=headers, timeout=10)
+            assert cancelled.status_code == 200, cancelled.text
+
+    check()
+
+
+def test_accepted_fuzz_tasks_end_without_server_errors(stack: Stack) -> None:
+    """Runs after the fuzzing above (file order): every accepted task ended, none with a server error."""
+    headers = {"Authorization": f"Bearer {stack.token('fuzzer')}"}
+    with stack.client() as client:
+
+        def outcomes() -> list[dict[str, Any]] | None:
+            found = [client.get(f"/v1/tasks/{task_id}", headers=headers).json() for task_id in ACCEPTED]
+            return found if all(task["status"] not in ("queued", "running") for task in found) else None
+
+        finished = wait_for(outcomes, 60, "the fuzzed tasks to end", interval_s=0.2) if ACCEPTED else []
+    assert len(CALLS) >= 100, f"only {len(CALLS)} generated requests: the fuzzing did not run"
+    assert STATUSES.count(202) >= 10, "valid bodies hardly ever reached the queue"
+    server_errors = [task for task in finished if (task.get("http_status") or 0) >= 500]
+    assert not server_errors, server_errors[:3]

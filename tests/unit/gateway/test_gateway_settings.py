@@ -1,0 +1,129 @@
+"""Gateway and worker settings: required values, secrets only from files, placeholders refused at start-up."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from llmfleet.gateway.app import create_app
+from llmfleet.gateway.config import GatewaySettings
+from llmfleet.queue.config import QueueSettings, RedisSettings, SettingsError, describe_validation_error
+from llmfleet.worker.config import WorkerSettings
+
+Make = Callable[..., GatewaySettings]
+
+
+def test_defaults_are_usable(make_settings: Make) -> None:
+    settings = make_settings()
+    assert settings.jwt_algorithms == ("HS256",)
+    assert settings.queue.lanes == ("high", "normal", "low")
+    assert settings.tiers["default"].requests_per_minute == 600
+    create_app(settings)  # reads the secret and the tokenizer: nothing missing
+
+
+def test_models_are_required(make_settings: Make) -> None:
+    with pytest.raises(ValidationError, match="models"):
+        make_settings(LLMFLEET_GATEWAY_MODELS=None)
+
+
+@pytest.mark.parametrize("placeholder", ["CHANGE-ME", "change-me\n", "changeme", "TODO"])
+def test_a_placeholder_secret_is_refused_at_start_up(make_settings: Make, secret_file: Path, placeholder: str) -> None:
+    secret_file.write_text(placeholder)
+    with pytest.raises(SettingsError, match="placeholder") as error:
+        create_app(make_settings())
+    assert placeholder.strip() not in str(error.value)  # names the file, never the content
+
+
+def test_a_short_or_world_readable_secret_is_refused(make_settings: Make, secret_file: Path) -> None:
+    secret_file.write_text("too-short-but-not-a-placeholder")
+    with pytest.raises(SettingsError, match="shorter than 32"):
+        create_app(make_settings())
+    secret_file.write_text("x" * 64)
+    secret_file.chmod(0o644)
+    with pytest.raises(SettingsError, match="readable by everyone"):
+        create_app(make_settings())
+
+
+def test_secrets_in_environment_values_are_refused(make_settings: Make) -> None:
+    with pytest.raises(SettingsError, match="only from files"):
+        make_settings(LLMFLEET_GATEWAY_JWT_SECRET="s3cr3t" * 8)
+    with pytest.raises(SettingsError, match="LLMFLEET_REDIS_PASSWORD_FILE"):
+        make_settings(LLMFLEET_GATEWAY_JWT_SECRET=None, LLMFLEET_REDIS_PASSWORD="hunter2")
+    with pytest.raises(ValidationError, match="must not carry a password"):
+        make_settings(LLMFLEET_REDIS_PASSWORD=None, LLMFLEET_REDIS_URL="redis://user:hunter2@127.0.0.1:6379/0")
+
+
+def test_a_redis_password_file_is_checked_at_start_up(make_settings: Make, tmp_path: Path) -> None:
+    password = tmp_path / "redis.password"
+    password.write_text("CHANGE-ME")
+    password.chmod(0o600)
+    with pytest.raises(SettingsError, match="LLMFLEET_REDIS_PASSWORD_FILE"):
+        make_settings(LLMFLEET_REDIS_PASSWORD_FILE=str(password))
+    missing = tmp_path / "nowhere"
+    with pytest.raises(SettingsError, match="does not exist"):
+        make_settings(LLMFLEET_REDIS_PASSWORD_FILE=str(missing))
+
+
+@pytest.mark.parametrize(
+    ("algorithms", "message"),
+    [
+        (["none"], "never 'none'"),
+        (["HS256", "RS256"], "HS256/HS384/HS512 only"),
+    ],
+)
+def test_the_algorithm_allow_list_is_checked(make_settings: Make, algorithms: list[str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make_settings(LLMFLEET_GATEWAY_JWT_ALGORITHMS=json.dumps(algorithms))
+
+
+def test_exactly_one_key_source(make_settings: Make, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="exactly one"):
+        make_settings(LLMFLEET_GATEWAY_JWT_SECRET_FILE=None)
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text("{}")
+    with pytest.raises(ValidationError, match="exactly one"):
+        make_settings(LLMFLEET_GATEWAY_JWT_JWKS_FILE=str(jwks))
+    # A public key never verifies HMAC tokens (algorithm confusion).
+    with pytest.raises(ValidationError, match="drop the HS algorithms"):
+        make_settings(LLMFLEET_GATEWAY_JWT_SECRET_FILE=None, LLMFLEET_GATEWAY_JWT_JWKS_FILE=str(jwks))
+
+
+def test_a_model_without_a_tokenizer_is_refused(make_settings: Make, tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"tokenizer\.json does not exist"):
+        create_app(make_settings(LLMFLEET_GATEWAY_MODELS=json.dumps({"tiny": str(tmp_path)})))
+
+
+def test_queue_lanes_and_priorities() -> None:
+    queue = QueueSettings()
+    assert queue.lane_for(None) == "normal"
+    assert queue.lane_for("high") == "high"
+    assert queue.lane_for(0) == "high"
+    assert queue.lane_for(99) == "low"
+    with pytest.raises(ValueError, match="not a lane"):
+        queue.lane_for("urgent")
+    with pytest.raises(ValidationError, match="DEFAULT_LANE"):
+        QueueSettings(lanes=("a", "b"))
+
+
+def test_worker_settings_need_engines_and_check_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMFLEET_WORKER_ENGINES", raising=False)
+    with pytest.raises(ValidationError) as error:
+        WorkerSettings.from_env()
+    assert describe_validation_error(error.value) == "  LLMFLEET_WORKER_ENGINES: Field required"
+    monkeypatch.setenv("LLMFLEET_WORKER_ENGINES", '["http://10.0.0.5:8000/v1"]')
+    with pytest.raises(ValidationError, match="give the server root"):
+        WorkerSettings.from_env()
+    monkeypatch.setenv("LLMFLEET_WORKER_ENGINES", '["http://10.0.0.5:8000", "http://10.0.0.6:8000/"]')
+    settings = WorkerSettings.from_env()
+    assert settings.engines == ("http://10.0.0.5:8000", "http://10.0.0.6:8000")
+    assert settings.heartbeat_s == settings.queue.claim_idle_ms / 3000
+
+
+def test_validation_errors_never_echo_values() -> None:
+    with pytest.raises(ValidationError) as error:
+        RedisSettings(url="redis://user:hunter2@host:6379/0")
+    assert "hunter2" not in describe_validation_error(error.value)
