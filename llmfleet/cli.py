@@ -23,6 +23,7 @@ COMMAND_GROUPS = (
     "llmfleet.wheelhouse",
     "llmfleet.roledocs",
     "llmfleet.stack",
+    "llmfleet.images",
     "llmfleet.gateway.cli",
     "llmfleet.worker.cli",
     "llmfleet.token",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmfleet import standins, wheelhouse
+from llmfleet import images, standins, wheelhouse
 from llmfleet.lab import hosts
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
 from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
+from llmfleet.model.tiny import make_tiny_model
+from llmfleet.paths import cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +48,12 @@ def _up(args: argparse.Namespace) -> int:
         # Their python_toolchain role installs from this wheelhouse with no index
         # (inventories/lab/group_vars/all/gpu.yml names its cached path).
         wheelhouse.ensure_locked()
+        # Their engines serve the tiny model from the vLLM-CPU image: the
+        # model_staging and vllm roles read both from the cache
+        # (inventories/lab/group_vars/gpu_nodes.yml). The first image build
+        # takes several minutes; later runs reuse it.
+        make_tiny_model(cache_dir() / "models" / "tiny")
+        images.ensure_image(images.RECIPES["engine"])
     _print_status(lab)
     return 0
 

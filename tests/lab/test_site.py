@@ -6,12 +6,42 @@ Ordered on purpose: converge, converge again, check mode, then teardown.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import httpx
+
+from llmfleet.paths import cache_dir
 from tests.lab.helpers import TEST_LAB_NAME, copy_lab_inventory, llmfleet_lab, run_playbook
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
+# The serving hosts and their addresses in the test lab (inventories/lab, moved to 10.78.0.0/24).
+ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
+ENGINE_CONTAINER = "llmfleet-vllm-tiny"
+LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/gpu_nodes.yml
+
+
+def _on_host(host: str, *command: str) -> str:
+    """Run a command in a lab host (the engines run in each host's own Docker engine)."""
+    result = subprocess.run(["docker", "exec", f"{TEST_LAB_NAME}-{host}", *command],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, (command, result.stderr)
+    return result.stdout + result.stderr
+
+
+def _engine_identity() -> dict[str, str]:
+    """Each engine container's id and start time: a recreated or restarted container changes both."""
+    return {host: _on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
+                           ENGINE_CONTAINER).strip() for host in ENGINE_HOSTS}
+
+
+def _post(address: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"http://{address}:8000{path}", json=body, timeout=60)
+    response.raise_for_status()
+    answer: dict[str, Any] = response.json()
+    return answer
 
 
 def test_lab_status_shows_every_host_running(lab_inventory: Path) -> None:
@@ -33,17 +63,61 @@ def test_site_converges_with_no_failure(lab_inventory: Path, facts_dir: Path) ->
         assert counts["failed"] == 0 and counts["unreachable"] == 0, (host, counts)
 
 
+def _assert_engines_serve() -> None:
+    for host, address in ENGINE_HOSTS.items():
+        answer = _post(address, "/v1/chat/completions",
+                       {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+        assert answer["usage"]["completion_tokens"] > 0, (host, answer)
+        metrics = httpx.get(f"http://{address}:8000/metrics", timeout=30)
+        assert "vllm:num_requests_waiting" in metrics.text, host
+
+
+def test_engines_deployed_by_the_role_serve_completions(lab_inventory: Path) -> None:
+    _assert_engines_serve()
+
+
+def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
+    for host in ENGINE_HOSTS:
+        assert _on_host(host, "stat", "-c", "%a %u", "/etc/llmfleet/vllm/tiny/hf_token").split() == ["400", "2000"]
+        inspect = _on_host(host, "docker", "inspect", ENGINE_CONTAINER)
+        assert "/run/secrets/hf_token" in inspect
+        assert LAB_DUMMY_TOKEN not in inspect
+        assert LAB_DUMMY_TOKEN not in _on_host(host, "docker", "logs", ENGINE_CONTAINER)
+        assert LAB_DUMMY_TOKEN not in _on_host(host, "ps", "auxww")
+
+
 def test_second_run_changes_nothing(lab_inventory: Path, facts_dir: Path) -> None:
+    engines = _engine_identity()
     run = run_playbook(lab_inventory, "site.yml", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     changed = {host: counts["changed"] for host, counts in run.recap.items() if counts["changed"]}
     assert changed == {}, f"not idempotent: {changed}\n{run.output[-5000:]}"
+    assert _engine_identity() == engines, "the second run recreated or restarted an engine"
 
 
 def test_check_mode_on_a_converged_site_is_clean(lab_inventory: Path, facts_dir: Path) -> None:
     run = run_playbook(lab_inventory, "site.yml", "--check", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in run.recap.values()), run.recap
+
+
+def test_unservable_model_fails_before_any_change_and_engines_keep_serving(
+    lab_inventory: Path, facts_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "tiny-without-rope-theta"
+    shutil.copytree(cache_dir() / "models" / "tiny", broken)
+    config = json.loads((broken / "config.json").read_text())
+    del config["rope_theta"]  # failure mode #3: a Qwen2 export that lost it
+    (broken / "config.json").write_text(json.dumps(config))
+    engines = _engine_identity()
+    served = {host: _on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS}
+    models = json.dumps({"model_staging_models": [{"name": "tiny", "src": str(broken)}]})
+    run = run_playbook(lab_inventory, "engines.yml", "-e", models, facts=facts_dir)
+    assert run.returncode != 0
+    assert "rope_theta is missing" in run.output
+    assert {host: _on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS} == served
+    assert _engine_identity() == engines
+    _assert_engines_serve()
 
 
 def test_missing_group_fails_first_play_naming_it(tmp_path: Path, facts_dir: Path) -> None:
