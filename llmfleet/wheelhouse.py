@@ -10,6 +10,10 @@ air-gapped pattern.
   Python it is for, so changing a pin downloads a fresh one beside the old;
   `cache_dir()/wheelhouses/<lock>` links to the newest, the path the lab
   inventory names.
+
+`ensure_package()` caches the output of `build` the same way, keyed by the
+package's own sources and constraints.txt: the service image of the gateway
+and the workers installs from it (llmfleet.images).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
@@ -144,16 +149,62 @@ def download_locked(lock: Path, directory: Path) -> list[Path]:
 def ensure_locked(lock: Path = TOOLCHAIN_LOCK) -> Path:
     """Return the cached wheelhouse for the lock, downloading it first if it is missing.
 
-    Built in a `.build-<pid>` directory and renamed into place once every pin
-    has its wheel, so an interrupted download never looks cached; builders take
-    an flock first. The `<lock>` link beside it is pointed at the result.
+    The `<lock>` link beside it is pointed at the result (see _ensure_cached).
     """
     if not lock.is_file():
         raise LlmfleetError(f"no lock file {lock}")
+    return _ensure_cached(_lock_stem(lock), locked_key(lock), lambda build: download_locked(lock, build), str(lock))
+
+
+# What the service image's Python (Debian 12's 3.11.2) needs beyond constraints.txt,
+# which is resolved on the controller's Python.
+IMAGE_LOCK = REPO_ROOT / "requirements" / "service-image.lock.txt"
+
+# What shapes the package's wheels: its metadata, the pins of its tree and of the
+# image's extras, and its code. README.md is left out on purpose: it only fills
+# the wheel's long description, and a docs edit should not rebuild the image.
+PACKAGE_INPUTS = ("pyproject.toml", "constraints.txt", "requirements/service-image.lock.txt")
+
+
+def package_files() -> list[Path]:
+    """Every file the llmfleet wheelhouse is built from, in a stable order (symlinked folders followed)."""
+    files = [REPO_ROOT / name for name in PACKAGE_INPUTS]
+    for folder, directories, names in os.walk(REPO_ROOT / "llmfleet", followlinks=True):
+        directories[:] = sorted(d for d in directories if d != "__pycache__")
+        files += [Path(folder) / name for name in sorted(names) if not name.endswith(".pyc")]
+    return files
+
+
+def package_key() -> str:
+    """What names the cached llmfleet wheelhouse: its sources and the Python it is for."""
+    digest = hashlib.sha256()
+    for path in package_files():
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    digest.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
+    return digest.hexdigest()[:16]
+
+
+def ensure_package() -> Path:
+    """Return the cached wheelhouse of llmfleet, its pinned tree (`build`) and IMAGE_LOCK's wheels."""
+
+    def fill(directory: Path) -> None:
+        build(directory)
+        download_locked(IMAGE_LOCK, directory)
+
+    return _ensure_cached("llmfleet", package_key(), fill, "llmfleet")
+
+
+def _ensure_cached(stem: str, key: str, fill: Callable[[Path], object], source: str) -> Path:
+    """The wheelhouse `cache_dir()/wheelhouses/<stem>-<key>`, filled by fill(directory) when missing.
+
+    Filled in a `.build-<pid>` directory and renamed into place once complete,
+    so an interrupted build never looks cached; builders take an flock first.
+    The `<stem>` link beside it is pointed at the result.
+    """
     root = cache_dir() / "wheelhouses"
     root.mkdir(parents=True, exist_ok=True)
-    stem = _lock_stem(lock)
-    name = f"{stem}-{locked_key(lock)}"
+    name = f"{stem}-{key}"
     wheelhouse = root / name
     if not (wheelhouse / ".complete").exists():
         with exclusive_build(root / f".{name}.lock", "this wheelhouse"):
@@ -164,8 +215,8 @@ def ensure_locked(lock: Path = TOOLCHAIN_LOCK) -> Path:
                         shutil.rmtree(leftover)
                 build = root / f".{name}.build-{os.getpid()}"
                 try:
-                    download_locked(lock, build)
-                    (build / ".complete").write_text(f"{lock}\n")
+                    fill(build)
+                    (build / ".complete").write_text(f"{source}\n")
                     build.rename(wheelhouse)
                 finally:
                     shutil.rmtree(build, ignore_errors=True)

@@ -32,8 +32,10 @@ unit() { pytest -q tests/unit; }
 molecule_roles() {
   local scenario role
   # The scenarios run on the local Docker engine from the lab's base image:
-  # start the engine and build the image first (both no-ops when ready).
+  # start the engine and build the images first (no-ops when ready).
   llmfleet lab image || return 1
+  # The gateway scenario runs the gateway and workers from the service image.
+  llmfleet image build service || return 1
   for scenario in roles/*/molecule/*/molecule.yml; do
     role=${scenario#roles/}; role=${role%%/*}
     echo "=== molecule: role $role, scenario $(basename "$(dirname "$scenario")")"

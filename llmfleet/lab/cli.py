@@ -54,6 +54,9 @@ def _up(args: argparse.Namespace) -> int:
         # takes several minutes; later runs reuse it.
         make_tiny_model(cache_dir() / "models" / "tiny")
         images.ensure_image(images.RECIPES["engine"])
+    # The gateway and the workers run from the service image, delivered to the
+    # gateway hosts the same way (inventories/lab/group_vars/gateways.yml).
+    images.ensure_image(images.RECIPES["service"])
     _print_status(lab)
     return 0
 

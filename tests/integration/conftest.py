@@ -8,7 +8,6 @@ deselect them with `-m "not vllm"`.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,17 +15,11 @@ import pytest
 
 from llmfleet import vllm_cpu
 from llmfleet.model.tiny import make_tiny_model
+from tests.tools import free_loopback_port
 
 # A known KV cache size, so tests can predict the engine's token capacity:
 # tokens = GiB * 2**30 / (2 * layers * kv_heads * head_dim * bytes per value).
 VLLM_KV_CACHE_GIB = 1
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +42,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     server = vllm_cpu.start_server(
         tiny_model,
-        port=_free_loopback_port(),
+        port=free_loopback_port(),
         kv_cache_gib=VLLM_KV_CACHE_GIB,
         log_path=log_path,
         venv=venv,

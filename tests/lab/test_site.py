@@ -15,12 +15,23 @@ import httpx
 
 from llmfleet.paths import cache_dir
 from tests.lab.helpers import TEST_LAB_NAME, copy_lab_inventory, llmfleet_lab, run_playbook
+from tests.tools import LLMFLEET
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
 # The serving hosts and their addresses in the test lab (inventories/lab, moved to 10.78.0.0/24).
 ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
 ENGINE_CONTAINER = "llmfleet-vllm-tiny"
 LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/gpu_nodes.yml
+# The gateway host: the workers and the gateway run in its Docker engine.
+GATEWAY_HOST, GATEWAY_ADDRESS = "gw1", "10.78.0.10"
+SERVICE_CONTAINERS = ["llmfleet-gateway-1", "llmfleet-worker-1", "llmfleet-worker-2"]
+# LAB-ONLY values (inventories/lab/group_vars/all/secrets.yml), which must
+# still never show in `docker inspect` or the services' logs.
+LAB_SERVICE_SECRETS = [
+    "lab-only-not-a-secret-jwt-key-0c71a9e4d2b85f36",
+    "lab-only-not-a-secret-gateway-5e02",
+    "lab-only-not-a-secret-worker-91b7",
+]
 
 
 def _on_host(host: str, *command: str) -> str:
@@ -35,6 +46,12 @@ def _engine_identity() -> dict[str, str]:
     """Each engine container's id and start time: a recreated or restarted container changes both."""
     return {host: _on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
                            ENGINE_CONTAINER).strip() for host in ENGINE_HOSTS}
+
+
+def _service_identity() -> dict[str, str]:
+    """The gateway's and workers' ids and start times."""
+    return {name: _on_host(GATEWAY_HOST, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
+                           name).strip() for name in SERVICE_CONTAINERS}
 
 
 def _post(address: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -86,13 +103,52 @@ def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
         assert LAB_DUMMY_TOKEN not in _on_host(host, "ps", "auxww")
 
 
+def _mint_token(tmp_path: Path) -> str:
+    """A token from `llmfleet token`, signed with the key the gateway host holds (copied into a 0600 file)."""
+    secret = tmp_path / "jwt_secret"
+    secret.touch(mode=0o600)
+    secret.write_text(_on_host(GATEWAY_HOST, "cat", "/etc/llmfleet/gateway/jwt_secret"))
+    minted = subprocess.run([*LLMFLEET, "token", "--sub", "lab-test", "--models", "tiny", "--ttl", "10m",
+                             "--secret-file", str(secret)], capture_output=True, text=True, check=False)
+    secret.unlink()
+    assert minted.returncode == 0, minted.stderr
+    return minted.stdout.strip()
+
+
+def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path) -> None:
+    url = f"http://{GATEWAY_ADDRESS}:8080"
+    assert httpx.get(f"{url}/readyz", timeout=10).json()["ready"] is True
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    refused = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=60)
+    assert refused.status_code == 401
+    token = _mint_token(tmp_path)
+    response = httpx.post(f"{url}/v1/chat/completions", json=request,
+                          headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] > 0, answer
+
+
+def test_service_secrets_never_show_in_inspect_or_logs(lab_inventory: Path) -> None:
+    for container in SERVICE_CONTAINERS:
+        inspect = _on_host(GATEWAY_HOST, "docker", "inspect", container)
+        logs = _on_host(GATEWAY_HOST, "docker", "logs", container)
+        assert "/run/secrets/redis_password" in inspect
+        for secret in LAB_SERVICE_SECRETS:
+            assert secret not in inspect, container
+            assert secret not in logs, container
+    assert _on_host(GATEWAY_HOST, "stat", "-c", "%a %u", "/etc/llmfleet/gateway/jwt_secret").split() == ["400", "2100"]
+
+
 def test_second_run_changes_nothing(lab_inventory: Path, facts_dir: Path) -> None:
     engines = _engine_identity()
+    services = _service_identity()
     run = run_playbook(lab_inventory, "site.yml", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     changed = {host: counts["changed"] for host, counts in run.recap.items() if counts["changed"]}
     assert changed == {}, f"not idempotent: {changed}\n{run.output[-5000:]}"
     assert _engine_identity() == engines, "the second run recreated or restarted an engine"
+    assert _service_identity() == services, "the second run recreated or restarted a gateway or worker"
 
 
 def test_check_mode_on_a_converged_site_is_clean(lab_inventory: Path, facts_dir: Path) -> None:

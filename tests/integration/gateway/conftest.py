@@ -27,8 +27,8 @@ from tests.integration.gateway.gatewaystack import (
     Stack,
     StallingProxy,
     StubEngine,
-    free_port,
 )
+from tests.tools import free_loopback_port
 
 
 @pytest.fixture(scope="package")
@@ -40,7 +40,7 @@ def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> 
     secret_file = tmp / "jwt.secret"
     secret_file.write_text(secrets.token_hex(32))
     secret_file.chmod(0o600)
-    redis_server = RedisServer(tmp / "redis", free_port(), password_file.read_text())
+    redis_server = RedisServer(tmp / "redis", free_loopback_port(), password_file.read_text())
     redis_server.start()
     base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
     base_env.update(
@@ -96,7 +96,7 @@ def failing_engine() -> Iterator[tuple[str, Counter[str]]]:
 @pytest.fixture
 def closed_port() -> int:
     """A loopback port that was bound once and is closed now: connections are refused."""
-    return free_port()
+    return free_loopback_port()
 
 
 @pytest.fixture

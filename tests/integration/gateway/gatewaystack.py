@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,18 +28,12 @@ import redis
 from llmfleet.gateway.auth import mint
 from llmfleet.paths import REPO_ROOT
 from llmfleet.vllm_cpu import VllmServer
+from tests.tools import free_loopback_port
 
 PREFIX = "lft"
 GATEWAY_ID = "gw-test"
 CLAIM_IDLE_MS = 3000
 STARTUP_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for(
@@ -275,7 +268,7 @@ class Stack:
         return {"Authorization": f"Bearer {self.token(subject, **claims)}"}
 
     def start_gateway(self) -> Service:
-        port = free_port()
+        port = free_loopback_port()
         env = {
             **self.base_env,
             "LLMFLEET_GATEWAY_PORT": str(port),
@@ -300,7 +293,7 @@ class Stack:
 
     def start_worker(self, engines: list[str] | None = None, **settings: str) -> Service:
         self._worker_count += 1
-        port = free_port()
+        port = free_loopback_port()
         name = f"worker-{self._worker_count}"
         env = {
             **self.base_env,

@@ -22,7 +22,8 @@ from llmfleet.queue.consumer import Consumer, Entry
 from llmfleet.queue.jobs import Job, Result, now_ms
 from llmfleet.queue.keys import GROUP
 from llmfleet.queue.producer import Limit, Producer
-from tests.integration.gateway.gatewaystack import RedisServer, free_port
+from tests.integration.gateway.gatewaystack import RedisServer
+from tests.tools import free_loopback_port
 
 # anyio's pytest plugin (installed with anyio) runs the async tests on asyncio.
 pytestmark = pytest.mark.anyio
@@ -35,7 +36,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("queue-redis"), free_port(), secrets.token_hex(16))
+    server = RedisServer(tmp_path_factory.mktemp("queue-redis"), free_loopback_port(), secrets.token_hex(16))
     server.start()
     try:
         yield server
