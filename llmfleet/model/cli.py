@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from llmfleet.errors import LlmfleetError, RefusedError
+from llmfleet.model.merge import merge_adapter
 from llmfleet.model.tiny import make_tiny_model
 from llmfleet.model.tiny_adapter import DEFAULT_RANK, DEFAULT_TARGETS, make_tiny_adapter, parse_targets
 from llmfleet.module_utils import model_validation
@@ -213,10 +214,71 @@ def register_check(subparsers: Subparsers) -> None:
     parser.set_defaults(handler=_check)
 
 
+def _merge_adapter(args: argparse.Namespace) -> int:
+    if args.python is not None:
+        python = Path(args.python)
+    else:
+        from llmfleet import toolchain  # builds a venv: only when no --python is given
+
+        python = toolchain.ensure_venv() / "bin" / "python"
+    result = merge_adapter(
+        Path(args.base), Path(args.adapter), Path(args.out), python, engine_version=args.engine_version, chat=args.chat
+    )
+    written = result.written
+    print(
+        f"merged {written['adapter']} (LoRA r={written['adapter_rank']}) into {written['base']}:"
+        f" wrote {result.out} ({written['dtype']}, toolchain torch {written['toolchain']['torch']},"
+        f" transformers {written['toolchain']['transformers']}, peft {written['toolchain']['peft']})"
+    )
+    print(f"ok: {result.out} is servable by vLLM {result.report['engine_version']}: {_summary(result.report['facts'])}")
+    return 0
+
+
+def register_merge_adapter(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "merge-adapter",
+        help="merge a LoRA adapter into its base model as a new directory, then check it",
+        description=(
+            "Check that the adapter fits the base, merge it with PEFT (merge_and_unload, in float32, saved in the"
+            " base's dtype) into the NEW directory OUT (missing or empty; written beside it and renamed when"
+            " complete), copy the tokenizer files and chat template, then check OUT as `llmfleet model check`"
+            " does. The merge runs roles/python_toolchain/files/merge_adapter.py with the toolchain's python."
+            " Exit 0: merged and servable; 2: refused (OUT not empty, adapter does not fit, merged model not"
+            " servable); 1: the toolchain failed."
+        ),
+    )
+    parser.add_argument("--base", required=True, metavar="DIR", help="the base model directory")
+    parser.add_argument("--adapter", required=True, metavar="DIR", help="the PEFT LoRA adapter directory")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the new directory for the merged model")
+    parser.add_argument(
+        "--python",
+        metavar="VENV_PYTHON",
+        help=(
+            "python of a venv with the pinned torch, transformers and peft (on a host: the python_toolchain"
+            " role's <python_toolchain_dir>/bin/python). Default: the lab toolchain venv under llmfleet's cache,"
+            " built from `llmfleet wheelhouse toolchain`'s wheelhouse on first use (about 1 GB)"
+        ),
+    )
+    parser.add_argument(
+        "--engine-version",
+        default=model_validation.LAB_ENGINE_VERSION,
+        metavar="V",
+        help=f"the vLLM release the merged model is checked for (default {model_validation.LAB_ENGINE_VERSION})",
+    )
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="require a chat template in the result (default: yes)",
+    )
+    parser.set_defaults(handler=_merge_adapter)
+
+
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     register_make_tiny,
     register_make_tiny_adapter,
     register_check,
+    register_merge_adapter,
 )
 
 
