@@ -11,8 +11,6 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from llmfleet.queue.config import log_level, start_service
-
 if TYPE_CHECKING:  # imported when serving, not for every `llmfleet` command
     from fastapi import FastAPI
 
@@ -29,6 +27,8 @@ def _load() -> tuple[GatewaySettings, FastAPI]:
 
 def _serve(loaded: tuple[GatewaySettings, FastAPI]) -> int:
     import uvicorn
+
+    from llmfleet.queue.config import log_level
 
     settings, app = loaded
     uvicorn.run(
@@ -48,6 +48,9 @@ def _serve(loaded: tuple[GatewaySettings, FastAPI]) -> int:
 
 def serve() -> int:
     """Load settings (env + secret files), build the app, serve until SIGTERM. Exit 2 on bad settings."""
+    # Imported here: the queue needs redis, which other `llmfleet` commands must not.
+    from llmfleet.queue.config import start_service
+
     return start_service("llmfleet gateway", _load, _serve)
 
 

@@ -7,8 +7,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from llmfleet.queue.config import start_service
-
 if TYPE_CHECKING:  # imported when running, not for every `llmfleet` command
     from llmfleet.worker.config import WorkerSettings
 
@@ -22,6 +20,8 @@ def _run(settings: WorkerSettings) -> int:
 
 def serve() -> int:
     """Load settings (env + secret files), then run until SIGTERM. Exit 2 on bad settings."""
+    # Imported here: the queue needs redis, which other `llmfleet` commands must not.
+    from llmfleet.queue.config import start_service
     from llmfleet.worker.config import WorkerSettings
 
     return start_service("llmfleet worker", WorkerSettings.from_env, _run)

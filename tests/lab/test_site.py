@@ -20,7 +20,9 @@ from tests.tools import LLMFLEET
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
 # The serving hosts and their addresses in the test lab (inventories/lab, moved to 10.78.0.0/24).
 ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
-ENGINE_CONTAINER = "llmfleet-vllm-tiny"
+# Each engine as (host, engine name, port): gpu1 runs two, one per "GPU group"
+# (inventories/lab/host_vars/gpu1.yml), gpu2 one.
+ENGINES = [("gpu1", "tiny", 8000), ("gpu1", "tiny-b", 8001), ("gpu2", "tiny", 8000)]
 LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/gpu_nodes.yml
 # The gateway host: the workers and the gateway run in its Docker engine.
 GATEWAY_HOST, GATEWAY_ADDRESS = "gw1", "10.78.0.10"
@@ -42,10 +44,10 @@ def _on_host(host: str, *command: str) -> str:
     return result.stdout + result.stderr
 
 
-def _engine_identity() -> dict[str, str]:
+def _engine_identity() -> dict[tuple[str, str], str]:
     """Each engine container's id and start time: a recreated or restarted container changes both."""
-    return {host: _on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
-                           ENGINE_CONTAINER).strip() for host in ENGINE_HOSTS}
+    return {(host, name): _on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
+                                   f"llmfleet-vllm-{name}").strip() for host, name, _ in ENGINES}
 
 
 def _service_identity() -> dict[str, str]:
@@ -54,8 +56,8 @@ def _service_identity() -> dict[str, str]:
                            name).strip() for name in SERVICE_CONTAINERS}
 
 
-def _post(address: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(f"http://{address}:8000{path}", json=body, timeout=60)
+def _post(address: str, port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"http://{address}:{port}{path}", json=body, timeout=60)
     response.raise_for_status()
     answer: dict[str, Any] = response.json()
     return answer
@@ -81,12 +83,13 @@ def test_site_converges_with_no_failure(lab_inventory: Path, facts_dir: Path) ->
 
 
 def _assert_engines_serve() -> None:
-    for host, address in ENGINE_HOSTS.items():
-        answer = _post(address, "/v1/chat/completions",
+    for host, name, port in ENGINES:
+        address = ENGINE_HOSTS[host]
+        answer = _post(address, port, "/v1/chat/completions",
                        {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
-        assert answer["usage"]["completion_tokens"] > 0, (host, answer)
-        metrics = httpx.get(f"http://{address}:8000/metrics", timeout=30)
-        assert "vllm:num_requests_waiting" in metrics.text, host
+        assert answer["usage"]["completion_tokens"] > 0, (host, name, answer)
+        metrics = httpx.get(f"http://{address}:{port}/metrics", timeout=30)
+        assert "vllm:num_requests_waiting" in metrics.text, (host, name)
 
 
 def test_engines_deployed_by_the_role_serve_completions(lab_inventory: Path) -> None:
@@ -94,12 +97,13 @@ def test_engines_deployed_by_the_role_serve_completions(lab_inventory: Path) -> 
 
 
 def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
-    for host in ENGINE_HOSTS:
-        assert _on_host(host, "stat", "-c", "%a %u", "/etc/llmfleet/vllm/tiny/hf_token").split() == ["400", "2000"]
-        inspect = _on_host(host, "docker", "inspect", ENGINE_CONTAINER)
+    for host, name, _ in ENGINES:
+        token_file = f"/etc/llmfleet/vllm/{name}/hf_token"
+        assert _on_host(host, "stat", "-c", "%a %u", token_file).split() == ["400", "2000"]
+        inspect = _on_host(host, "docker", "inspect", f"llmfleet-vllm-{name}")
         assert "/run/secrets/hf_token" in inspect
         assert LAB_DUMMY_TOKEN not in inspect
-        assert LAB_DUMMY_TOKEN not in _on_host(host, "docker", "logs", ENGINE_CONTAINER)
+        assert LAB_DUMMY_TOKEN not in _on_host(host, "docker", "logs", f"llmfleet-vllm-{name}")
         assert LAB_DUMMY_TOKEN not in _on_host(host, "ps", "auxww")
 
 

@@ -25,6 +25,7 @@ from llmfleet.paths import REPO_ROOT
 from llmfleet.stack import load_stacks
 
 ROLES = REPO_ROOT / "roles"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +165,34 @@ def test_stand_in_nvidia_smi_answers_the_roles_queries(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert 'Field "bogus" is not a valid field to query.' in bad.stdout
+
+
+def _shape(field: str) -> str:
+    """A field with each run of (hex) digits generalised: the layout a parser relies on."""
+    return re.sub(r"[0-9a-f]+", "h", field)
+
+
+@pytest.mark.parametrize("output_format", ["csv,noheader,nounits", "csv"])
+def test_stand_in_nvidia_smi_answers_in_the_real_nvidia_smi_shape(tmp_path: Path, output_format: str) -> None:
+    real = [line for line in (FIXTURES / "nvidia-smi-h200.txt").read_text().splitlines() if not line.startswith("#")]
+    real = real[:1] if output_format.endswith("nounits") else real[1:]
+    smi = _render(tmp_path, "nvidia-smi", "535.261.03-1", "nvidia-smi")
+    fields = "index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,display_active,driver_version,compute_cap"
+    answer = subprocess.run(
+        [sys.executable, smi, f"--query-gpu={fields}", f"--format={output_format}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    if output_format == "csv":
+        assert answer[0] == real[0], "the header names and units differ from the real nvidia-smi's"
+        answer, real = answer[1:], real[1:]
+    real_row = real[0].split(", ")
+    for row in (line.split(", ") for line in answer):
+        assert len(row) == len(real_row)
+        # The name and display_active (Enabled/Disabled) are words; every other field is numbers.
+        assert row[1].startswith("NVIDIA ")
+        assert row[7] in {"Enabled", "Disabled"}
+        numeric = [index for index in range(len(row)) if index not in (1, 7)]
+        assert [_shape(row[i]) for i in numeric] == [_shape(real_row[i]) for i in numeric], row
 
 
 def test_stand_in_nvidia_ctk_writes_a_labelled_cdi_spec(tmp_path: Path) -> None:
