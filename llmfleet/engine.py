@@ -155,9 +155,9 @@ def regenerate(version: str, *, source: Path | None = None, stubs: list[str] | N
     release's vllm package, imported by the lab venv's Python with the shims
     engine_introspect.py describes.
     """
-    from llmfleet import vllm_cpu  # the venv builder pulls in nothing heavy, but only regenerate needs it
+    from llmfleet import venvs, vllm_cpu  # the venv builder pulls in nothing heavy, but only regenerate needs it
 
-    python = vllm_cpu.venv_python(vllm_cpu.ensure_venv())
+    python = venvs.venv_python(vllm_cpu.ensure_venv())
     with tempfile.TemporaryDirectory(prefix="llmfleet-engine-src-") as scratch:
         command = [str(python), "-P", str(INTROSPECT)]
         provenance: dict[str, Any]

@@ -12,17 +12,13 @@ venv is built beside the old one. About 1 GB; a minute or two the first time.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from llmfleet import wheelhouse
 from llmfleet.errors import LlmfleetError
-from llmfleet.paths import cache_dir, exclusive_build
-from llmfleet.vllm_cpu import relocate_scripts, run_logged, venv_python
+from llmfleet.paths import cache_dir
+from llmfleet.venvs import ensure_cached_venv, run_logged
 
 log = logging.getLogger(__name__)
 
@@ -40,33 +36,12 @@ def venv_dir(lock: Path = LOCK) -> Path:
 def ensure_venv(lock: Path = LOCK) -> Path:
     """Return the cached toolchain venv for lock, building it from the lock's wheelhouse if missing.
 
-    Built in `.<name>.build-<pid>` beside the final directory under an flock and
-    renamed into place once installed and checked against the lock, so an
-    interrupted build never looks cached.
+    Built by llmfleet.venvs.ensure_cached_venv (under an flock, in a temporary
+    directory renamed into place once installed and checked against the lock).
     """
-    venv = venv_dir(lock)
-    if venv_python(venv).exists():
-        return venv
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_build(venv.parent / f".{venv.name}.lock", "the toolchain venv"):
-        if venv_python(venv).exists():  # built while this process waited
-            return venv
-        for leftover in venv.parent.glob(f".{venv.name}.build-*"):
-            log.warning("removing %s, left by an interrupted build", leftover)
-            shutil.rmtree(leftover)
-        _build(venv, venv.parent / f".{venv.name}.build-{os.getpid()}", lock)
-    return venv
-
-
-def _build(venv: Path, build: Path, lock: Path) -> None:
     wheels = wheelhouse.ensure_locked(lock)
-    log_file = venv.with_name(f"{venv.name}.install.log")
-    log_file.write_text("")
-    log.warning("building the toolchain venv %s from %s (about 1 GB); log: %s", venv, wheels, log_file)
-    started = time.monotonic()
-    try:
-        run_logged([sys.executable, "-m", "venv", "--prompt", venv.name, build], log_file, "creating the venv")
-        python = venv_python(build)
+
+    def populate(python: Path, log_file: Path) -> None:
         run_logged(
             [python, "-m", "pip", "install", "--no-input", "--no-index", "--find-links", wheels, "-r", lock],
             log_file,
@@ -74,12 +49,8 @@ def _build(venv: Path, build: Path, lock: Path) -> None:
         )
         _check_pins(python, lock, log_file)
         run_logged([python, "-c", IMPORTS], log_file, "importing the toolchain in the new venv")
-        relocate_scripts(venv, build)
-        build.rename(venv)
-    finally:
-        if build.exists():
-            shutil.rmtree(build, ignore_errors=True)
-    log.warning("built %s in %.0f s", venv, time.monotonic() - started)
+
+    return ensure_cached_venv(venv_dir(lock).name, f"the toolchain venv (about 1 GB) from {wheels}", populate)
 
 
 def _check_pins(python: Path, lock: Path, log_file: Path) -> None:

