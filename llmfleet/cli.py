@@ -30,6 +30,7 @@ COMMAND_GROUPS = (
     "llmfleet.planner",
     "llmfleet.engine",
     "llmfleet.standins",
+    "llmfleet.bench",
 )
 
 

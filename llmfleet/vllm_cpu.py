@@ -68,9 +68,6 @@ def venv_key(lock: Path = LOCK) -> str:
     return digest.hexdigest()[:16]
 
 
-
-
-
 def _pins(text: str) -> set[str]:
     """`name==version` lines, names normalised as PEP 503 does; comments skipped."""
     pins = set()

@@ -68,6 +68,13 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
         if address is None or ipaddress.ip_address(address) not in ipaddress.ip_network(subnet):
             raise LlmfleetError(f"{inventory}: host {host} needs lab_address inside {subnet}")
         container = f"{lab_name}-{host}"
+        # Per host, not one group-wide "{{ lab_name }}-{{ inventory_hostname }}": a task delegated to
+        # this host would template that with the delegating host's name and run on the wrong container.
+        if host_vars[host].get("ansible_host") not in (f"{{{{ lab_name }}}}-{host}", container):
+            raise LlmfleetError(
+                f'{inventory}: host {host} needs ansible_host: "{{{{ lab_name }}}}-{host}" (its container, named'
+                " per host so that tasks delegated to it reach it)"
+            )
         hosts.append(
             LabHost(
                 host,

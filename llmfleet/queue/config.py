@@ -168,19 +168,25 @@ class RedisSettings(BaseSettings):
         timeout is longer by socket_timeout_s so a blocking read is not cut off.
         """
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3)
-        return aioredis.Redis.from_url(
+        # Blocking: a burst wider than max_connections waits for a free connection
+        # (up to socket_timeout_s) instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
             username=self.username,
             password=self.password(),
             socket_timeout=self.socket_timeout_s + blocking_s,
             socket_connect_timeout=self.connect_timeout_s,
             max_connections=self.max_connections,
+            timeout=self.socket_timeout_s,
             retry=retry,
             retry_on_error=[RedisConnectionError, RedisTimeoutError, BusyLoadingError],
             health_check_interval=30,
             decode_responses=True,
             client_name=name,
         )
+        client = aioredis.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True  # aclose() closes the pool this client made
+        return client
 
 
 LaneName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]

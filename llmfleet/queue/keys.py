@@ -51,6 +51,11 @@ class Keys:
         """Hash: worker id -> JSON report of the engines it sees."""
         return f"{self.prefix}:engines"
 
+    @property
+    def drained(self) -> str:
+        """Set of engine URLs the workers send no new requests to (`llmfleet worker drain`)."""
+        return f"{self.prefix}:drained"
+
     def concurrency(self, subject: str) -> str:
         """Sorted set of a subject's in-flight request ids, scored by lease expiry (ms)."""
         return f"{self.prefix}:conc:{subject}"

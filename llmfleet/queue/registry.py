@@ -29,9 +29,17 @@ class EngineReport:
     # served model name -> max_model_len the engine reports (0 if unknown)
     models: dict[str, int] = field(default_factory=dict)
     outstanding: int = 0
+    # Listed in the drained set: the worker sends it nothing new (healthy is then False).
+    drained: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "healthy": self.healthy, "models": self.models, "outstanding": self.outstanding}
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "models": self.models,
+            "outstanding": self.outstanding,
+            "drained": self.drained,
+        }
 
 
 def workers_key(keys: Keys) -> str:
@@ -76,22 +84,35 @@ class Snapshot:
         return sum(model.healthy_engines for model in self.models.values())
 
 
-async def read(client: aioredis.Redis, keys: Keys) -> Snapshot:
-    """Every live worker's report merged: models served by at least one healthy engine."""
+async def live_reports(client: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    """The reports of every worker whose report has not expired (forgetting those that have)."""
     worker_ids = sorted(str(worker_id) for worker_id in await client.smembers(workers_key(keys)))
     if not worker_ids:
-        return Snapshot(0, {})
+        return []
     reports = await client.mget([report_key(keys, worker_id) for worker_id in worker_ids])
     gone = [worker_id for worker_id, report in zip(worker_ids, reports, strict=True) if report is None]
     if gone:
         await client.srem(workers_key(keys), *gone)
-    engines: dict[str, tuple[bool, dict[str, int]]] = {}
-    live_workers = 0
+    live = []
     for report in reports:
         if report is None:
             continue
         try:
             data = json.loads(report)
+        except ValueError as error:
+            log.warning("ignoring a malformed engine report: %s", error)
+            continue
+        if isinstance(data, dict):
+            live.append(data)
+    return live
+
+
+async def read(client: aioredis.Redis, keys: Keys) -> Snapshot:
+    """Every live worker's report merged: models served by at least one healthy engine."""
+    engines: dict[str, tuple[bool, dict[str, int]]] = {}
+    live_workers = 0
+    for data in await live_reports(client, keys):
+        try:
             if data.get("draining"):
                 continue
             live_workers += 1

@@ -286,6 +286,7 @@ class Worker:
 
     async def _report(self) -> None:
         assert self.client is not None
+        self.pool.set_drained({str(url) for url in await self.client.smembers(self.consumer.keys.drained)})
         await registry.publish(
             self.client,
             self.consumer.keys,

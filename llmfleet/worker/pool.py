@@ -9,6 +9,9 @@
 - Balancing: among admitted engines serving the model, the one with the
   fewest requests this worker has open on it; ties go round-robin, so an
   idle pool spreads work instead of always picking the first engine.
+- Draining: an engine in the queue's drained set (`llmfleet worker drain`)
+  gets no new requests; those running on it finish. The worker reads the set
+  every report round.
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ class Engine:
     ejected_until: float = 0.0
     consecutive_failures: int = 0
     outstanding: int = 0
+    drained: bool = False
     models: dict[str, int] = field(default_factory=dict)
 
     def admitted(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+        return self.healthy and not self.drained and now >= self.ejected_until
 
 
 class EnginePool:
@@ -92,6 +96,16 @@ class EnginePool:
         finally:
             engine.outstanding -= 1
             self.metrics.engine_outstanding.labels(engine.url).set(engine.outstanding)
+
+    def set_drained(self, urls: set[str]) -> None:
+        """Mark the engines listed in the drained set; the others take work again."""
+        for engine in self.engines:
+            drained = engine.url in urls
+            if drained != engine.drained:
+                log.info("engine %s %s", engine.url, "drained: no new requests" if drained else "takes requests again")
+                engine.drained = drained
+                self.metrics.engine_up.labels(engine.url).set(1 if engine.admitted(time.monotonic()) else 0)
+                self.changed.set()
 
     def succeeded(self, engine: Engine) -> None:
         engine.consecutive_failures = 0
@@ -159,6 +173,7 @@ class EnginePool:
                 healthy=engine.admitted(now),
                 models=dict(engine.models),
                 outstanding=engine.outstanding,
+                drained=engine.drained,
             )
             for engine in self.engines
         ]

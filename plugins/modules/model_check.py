@@ -44,7 +44,8 @@ options:
   engine_version:
     description:
       - The vLLM release that will serve the model, normally C({{ gpu_stacks[gpu_stack].vllm.version }}).
-      - Releases llmfleet has serving data for are C(0.4.2) (the mission stack) and C(0.32.0) (the lab engine).
+      - Releases llmfleet has serving data for are C(0.4.2) (the mission stack), C(0.9.2) (the current-cu128
+        stack) and C(0.32.0) (the lab engine).
     type: str
     required: true
   chat:

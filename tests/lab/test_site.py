@@ -6,8 +6,11 @@ Ordered on purpose: converge, converge again, check mode, then teardown.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +162,54 @@ def test_check_mode_on_a_converged_site_is_clean(lab_inventory: Path, facts_dir:
     run = run_playbook(lab_inventory, "site.yml", "--check", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in run.recap.values()), run.recap
+
+
+def _engine_failures_met_by_workers() -> float:
+    """Requests the workers had to retry because an engine failed them (connection, timeout, 5xx)."""
+    total = 0.0
+    for index in range(len(SERVICE_CONTAINERS) - 1):  # each worker's metrics port: worker_metrics_port + N - 1
+        text = httpx.get(f"http://{GATEWAY_ADDRESS}:{9400 + index}/metrics", timeout=10).text
+        for reason in ("connect", "timeout", "engine_5xx"):
+            match = re.search(rf'^llmfleet_worker_errors_total{{reason="{reason}"}} (\S+)$', text, re.MULTILINE)
+            total += float(match.group(1)) if match else 0.0
+    return total
+
+
+def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, facts_dir: Path, tmp_path: Path) -> None:
+    url = f"http://{GATEWAY_ADDRESS}:8080/v1/chat/completions"
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32}
+    headers = {"Authorization": f"Bearer {_mint_token(tmp_path)}"}
+    engines = _engine_identity()
+    failures_before = _engine_failures_met_by_workers()
+    outcomes: Counter[int | str] = Counter()
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                try:
+                    outcomes[http.post(url, json=request, headers=headers).status_code] += 1
+                except httpx.HTTPError as error:
+                    outcomes[type(error).__name__] += 1
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        run = run_playbook(lab_inventory, "engines.yml", "-e", "vllm_restart=true", facts=facts_dir)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(180)
+    assert run.returncode == 0, run.output[-5000:]
+    restarted = _engine_identity()
+    assert all(restarted[engine] != engines[engine] for engine in engines), "an engine was not restarted"
+    # Each host's engines were drained before its restart, and the play went on only once they served again.
+    unwrapped = " ".join(run.output.split())  # the YAML callback folds long lines
+    drained = re.findall(r"(\d+) workers know it, \1 drained it, 0 requests running", unwrapped)
+    assert len(drained) == len(ENGINES) and "0" not in drained, run.output[-5000:]
+    assert outcomes and set(outcomes) == {200}, f"requests failed during the rolling restart: {dict(outcomes)}"
+    assert _engine_failures_met_by_workers() == failures_before, "a request reached an engine that was stopping"
 
 
 def test_unservable_model_fails_before_any_change_and_engines_keep_serving(

@@ -145,6 +145,13 @@ def test_check_a_servable_model_exits_0_with_a_summary(run: Run, pristine: Path,
     assert second == f"ok: adapter {tmp_path / 'lora'}: LoRA r=8 (--max-lora-rank 8), targets q_proj, v_proj"
 
 
+def test_check_knows_the_current_stack_engine(run: Run, pristine: Path) -> None:
+    """current-cu128 in playbooks/vars/stacks.yml pins vLLM 0.9.2."""
+    code, out, err = run("model", "check", str(pristine), "--engine-version", "0.9.2")
+    assert (code, err) == (0, "")
+    assert out.startswith(f"ok: {pristine} is servable by vLLM 0.9.2: Qwen2ForCausalLM")
+
+
 def test_check_refuses_with_one_line_per_problem(run: Run, model: Path) -> None:
     config = json.loads((model / "config.json").read_text())
     del config["rope_theta"]
@@ -225,7 +232,7 @@ def test_base_name_lets_a_renamed_model_match(run: Run, pristine: Path, tmp_path
     ("argv", "message"),
     [
         (["/nonexistent/model"], "does not exist"),
-        (["{model}", "--engine-version", "0.9.2"], "no serving data for vLLM '0.9.2'"),
+        (["{model}", "--engine-version", "0.9.9"], "no serving data for vLLM '0.9.9'"),
         (["{model}", "--fix-config", "rope_theta"], "must be KEY=VALUE"),
     ],
 )

@@ -2,8 +2,10 @@
 
 Everything listens on 127.0.0.1 and talks to the session's real vLLM (the
 `vllm_server` fixture, serving the tiny model as "tiny"). Redis persists with
-AOF and appendfsync always, and only an ACL user whose password is in a 0600
-file can connect (the password is in redis.conf, never on a command line).
+AOF and appendfsync always, and only ACL users whose password is in a 0600
+file can connect (the password is in redis.conf, never on a command line): the
+gateway and the workers as `gateway` and `worker`, with exactly the rights the
+redis role grants them, the tests themselves as `llmfleet`.
 Tests that kill or replace workers leave one running worker behind.
 """
 
@@ -14,7 +16,6 @@ import secrets
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -22,11 +23,14 @@ from llmfleet.vllm_cpu import VllmServer
 from tests.integration.gateway.gatewaystack import (
     CLAIM_IDLE_MS,
     PREFIX,
+    GatedProxy,
     RedisServer,
     ReplyTap,
     Stack,
     StallingProxy,
     StubEngine,
+    engine_proxy,
+    serving,
 )
 from tests.tools import free_loopback_port
 
@@ -82,15 +86,8 @@ def tap(stack: Stack) -> Iterator[ReplyTap]:
 def failing_engine() -> Iterator[tuple[str, Counter[str]]]:
     """(url, hits by path) of an engine that passes health checks and answers 503 to every request."""
     hits: Counter[str] = Counter()
-    handler = type("Stub", (StubEngine,), {"hits": hits})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(StubEngine, hits=hits) as url:
+        yield url, hits
 
 
 @pytest.fixture
@@ -102,15 +99,12 @@ def closed_port() -> int:
 @pytest.fixture
 def stalling_engine(vllm_server: VllmServer) -> Iterator[str]:
     """The URL of the real vLLM behind StallingProxy: a POST's stream stops after 40 events and hangs."""
-    release = threading.Event()
-    handler = type("Stalling", (StallingProxy,), {"upstream": vllm_server.url, "events": 40, "release": release})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with engine_proxy(StallingProxy, upstream=vllm_server.url, events=40) as (url, _release):
+        yield url
+
+
+@pytest.fixture
+def gated_engine(vllm_server: VllmServer) -> Iterator[tuple[str, threading.Event]]:
+    """The real vLLM behind GatedProxy: (URL, release); every answer waits until release is set."""
+    with engine_proxy(GatedProxy, upstream=vllm_server.url) as gate:
+        yield gate

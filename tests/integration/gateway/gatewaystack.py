@@ -6,6 +6,7 @@ helpers (wait_for, metric_value, ...) from here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,15 +16,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+import yaml
 
 from llmfleet.gateway.auth import mint
 from llmfleet.paths import REPO_ROOT
@@ -62,9 +64,27 @@ def http_status(url: str) -> int | None:
         return None
 
 
+def service_acl(service: str, password: str) -> str:
+    """The ACL line the redis role gives a service (roles/redis/vars/main.yml), for the queue prefix PREFIX.
+
+    The gateway and the workers connect with exactly these rights, so a command
+    the code sends but the role does not grant fails here, not first in a lab.
+    """
+    rules = yaml.safe_load((REPO_ROOT / "roles" / "redis" / "vars" / "main.yml").read_text())
+    grants = rules["__redis_acl_services"][service]
+    keys = " ".join(f"~{PREFIX}:{key}" for key in grants["keys"])
+    channels = " ".join(f"&{PREFIX}:{channel}" for channel in grants["channels"])
+    commands = " ".join(f"+{command}" for command in rules["__redis_acl_connection_commands"] + grants["commands"])
+    return f"user {service} on >{password} resetkeys {keys} resetchannels {channels} -@all {commands}"
+
+
 @dataclass
 class RedisServer:
-    """redis-server on a loopback port, persisting with AOF (appendfsync always) in its own directory."""
+    """redis-server on a loopback port, persisting with AOF (appendfsync always) in its own directory.
+
+    Users: `gateway` and `worker` with the redis role's rights, and `llmfleet`
+    with all rights for the tests' own looks, all with the same password.
+    """
 
     dir: Path
     port: int
@@ -85,6 +105,7 @@ class RedisServer:
             # it drops every MULTI/EXEC block (each Lua script's writes) with NOPERM: the data would be lost.
             f"user default on >{secrets.token_hex(16)} ~* &* +@all\n"
             f"user llmfleet on >{self.password} ~* &* +@all\n"
+            f"{service_acl('gateway', self.password)}\n{service_acl('worker', self.password)}\n"
         )
         self.config.chmod(0o600)
         with (self.dir / "redis.log").open("ab") as log:
@@ -271,6 +292,7 @@ class Stack:
         port = free_loopback_port()
         env = {
             **self.base_env,
+            "LLMFLEET_REDIS_USERNAME": "gateway",
             "LLMFLEET_GATEWAY_PORT": str(port),
             "LLMFLEET_GATEWAY_ID": GATEWAY_ID,
             "LLMFLEET_GATEWAY_MODELS": json.dumps({"tiny": str(self.vllm.model_dir)}),
@@ -297,6 +319,7 @@ class Stack:
         name = f"worker-{self._worker_count}"
         env = {
             **self.base_env,
+            "LLMFLEET_REDIS_USERNAME": "worker",
             "LLMFLEET_WORKER_ID": name,
             "LLMFLEET_WORKER_ENGINES": json.dumps(engines or [self.vllm.url]),
             "LLMFLEET_WORKER_LISTEN_PORT": str(port),
@@ -371,15 +394,10 @@ class StubEngine(BaseHTTPRequestHandler):
         self._reply(503, {"object": "error", "message": "engine is dead", "type": "ServiceUnavailable", "code": 503})
 
 
-class StallingProxy(BaseHTTPRequestHandler):
-    """A STAND-IN network fault in front of the real vLLM: GETs pass; a POST's stream stops after `events` SSE events.
-
-    The held response stays open until `release` is set, so a worker reading it is
-    mid-stream for certain, however fast the engine or slow the machine.
-    """
+class EngineProxy(BaseHTTPRequestHandler):
+    """In front of the real vLLM at `upstream`: GETs (the workers' health checks) pass through unchanged."""
 
     upstream: str
-    events: int
     release: threading.Event
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -392,6 +410,40 @@ class StallingProxy(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(response.content)))
         self.end_headers()
         self.wfile.write(response.content)
+
+
+class GatedProxy(EngineProxy):
+    """A STAND-IN slow link in front of the real vLLM: a POST's whole answer is held until `release` is set.
+
+    A request through it is in flight for certain until the test lets it finish,
+    however fast the engine or slow the machine (a real tiny model answers
+    1500 tokens before a starved test process has looked twice).
+    """
+
+    hits: Counter[str] | None = None  # POSTs by path, when the test counts them
+
+    def do_POST(self) -> None:
+        if self.hits is not None:
+            self.hits[self.path] += 1
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {"Content-Type": "application/json"}
+        answer = httpx.post(f"{self.upstream}{self.path}", content=body, headers=headers, timeout=120)
+        self.release.wait()
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+
+class StallingProxy(EngineProxy):
+    """A STAND-IN network fault in front of the real vLLM: a POST's stream stops after `events` SSE events.
+
+    The held response stays open until `release` is set, so a worker reading it is
+    mid-stream for certain, however fast the engine or slow the machine.
+    """
+
+    events: int
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -410,3 +462,28 @@ class StallingProxy(BaseHTTPRequestHandler):
                         break
             self.wfile.flush()
         self.release.wait()
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], **attributes: Any) -> Iterator[str]:
+    """Serve handler (a subclass given `attributes`) on a free loopback port; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type(handler.__name__, (handler,), attributes))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def engine_proxy(handler: type[EngineProxy], **attributes: Any) -> Iterator[tuple[str, threading.Event]]:
+    """A proxy in front of the real vLLM: (its URL, its release event, set on the way out so no answer hangs)."""
+    release = threading.Event()
+    with serving(handler, release=release, **attributes) as url:
+        try:
+            yield url, release
+        finally:
+            release.set()

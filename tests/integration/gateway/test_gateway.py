@@ -12,9 +12,11 @@ import base64
 import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,19 +29,22 @@ from llmfleet.gateway.auth import mint
 from llmfleet.gateway.validation import render_chatml
 from tests.integration.gateway.gatewaystack import (
     PREFIX,
+    GatedProxy,
     ReplyTap,
     Service,
     Stack,
+    engine_proxy,
     http_status,
     metric_value,
     wait_for,
 )
+from tests.tools import LLMFLEET
 
 pytestmark = pytest.mark.vllm
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-# Long enough (with ignore_eos) to be caught mid-flight: ~2 ms per token on the tiny model.
+# Long (with ignore_eos): a request that is still streaming when a test acts, unless its engine is gated.
 LONG_TOKENS = 1500
 
 
@@ -404,8 +409,11 @@ def test_an_engine_down_is_served_by_the_other_engine(
         stack.ensure_one_worker()
 
 
-def test_kill_9_of_a_worker_mid_request_still_answers_exactly_once(stack: Stack, tap: ReplyTap) -> None:
-    victim, call, request_id = long_request_frozen_on_a_new_worker(stack)
+def test_kill_9_of_a_worker_mid_request_still_answers_exactly_once(
+    stack: Stack, tap: ReplyTap, gated_engine: tuple[str, threading.Event]
+) -> None:
+    # The victim's engine answers only when released (GatedProxy): it is mid-request for certain when killed.
+    victim, call, request_id = long_request_frozen_on_a_new_worker(stack, engine=gated_engine[0])
     victim.signal(signal.SIGKILL)
     assert victim.process is not None and victim.process.wait(10) == -signal.SIGKILL
     rescuer = stack.start_worker()
@@ -424,14 +432,18 @@ def test_kill_9_of_a_worker_mid_request_still_answers_exactly_once(stack: Stack,
     stack.ensure_one_worker()
 
 
-def test_a_stalled_worker_that_wakes_up_does_not_answer_twice(stack: Stack, tap: ReplyTap) -> None:
+def test_a_stalled_worker_that_wakes_up_does_not_answer_twice(
+    stack: Stack, tap: ReplyTap, gated_engine: tuple[str, threading.Event]
+) -> None:
     """Processed twice, answered once: the first result wins, the late one is discarded."""
-    victim, call, request_id = long_request_frozen_on_a_new_worker(stack)
+    url, release = gated_engine
+    victim, call, request_id = long_request_frozen_on_a_new_worker(stack, engine=url)
     try:
         rescuer = stack.start_worker()
         response = call.result()
         assert response.status_code == 200
     finally:
+        release.set()
         victim.signal(signal.SIGCONT)
     # The victim finishes its own copy of the request later and tries to deliver it.
     wait_metric(victim, "llmfleet_worker_results_total", 1, outcome="duplicate")
@@ -497,20 +509,30 @@ def test_a_client_that_goes_away_cancels_the_engine_request(stack: Stack, stream
     stack.ensure_one_worker()
 
 
-def test_sigterm_drains_in_flight_work_before_exiting(stack: Stack) -> None:
-    worker, call, _request_id = long_request_frozen_on_a_new_worker(stack)
-    worker.signal(signal.SIGTERM)  # delivered when it runs again, with the request in flight
-    worker.signal(signal.SIGCONT)
+def test_sigterm_drains_in_flight_work_before_exiting(stack: Stack, gated_engine: tuple[str, threading.Event]) -> None:
+    url, release = gated_engine
+    worker = only_worker(stack, [url])
+    call = Call(stack, COMPLETIONS, completion(max_tokens=LONG_TOKENS, ignore_eos=True), stack.auth())
+    with stack.redis.client() as client:
+        wait_running(stack, client, worker, call)  # and it stays running: the gate holds the engine's answer
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "draining: 1 requests in flight" in worker.log(), 10, f"{worker.name} to start draining")
+    assert worker.alive(), "the worker exited with a request in flight"
+    release.set()
     response = call.result()
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == LONG_TOKENS
     assert worker.process is not None and worker.process.wait(30) == 0
-    assert "draining: 1 requests in flight" in worker.log()
     stack.ensure_one_worker()
 
 
-def test_redis_restarted_with_aof_loses_no_accepted_request(stack: Stack) -> None:
-    stack.ensure_one_worker()
+def test_redis_restarted_with_aof_loses_no_accepted_request(
+    stack: Stack, gated_engine: tuple[str, threading.Event]
+) -> None:
+    # The worker's engine answers only when released (GatedProxy): every request is still in flight, held by
+    # the worker, when Redis goes away, however fast the engine.
+    url, release = gated_engine
+    worker = only_worker(stack, [url])
     headers = {**stack.auth(), "Prefer": "respond-async"}
     with stack.client() as client:
         accepted = [
@@ -519,17 +541,17 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(stack: Stack) -> Non
         ]
     assert [response.status_code for response in accepted] == [202] * 12
     ids = [response.json()["id"] for response in accepted]
-    # And one client waiting synchronously across the restart: Redis goes away once its request is queued,
-    # and while it is still in the lane's stream (queued or running: it is deleted only once answered).
+    # And one client waiting synchronously across the restart.
     waiting = Call(stack, CHAT, chat(max_tokens=LONG_TOKENS, ignore_eos=True), stack.auth())
     lane = f"{PREFIX}:q:normal"
     with stack.redis.client() as client:
         wait_for(
-            lambda: any(json.loads(fields["job"])["kind"] == "chat" for _, fields in client.xrange(lane)),
-            10,
-            "the waiting request to be queued",
+            lambda: client.xpending(lane, "workers")["pending"] == 13,
+            30,
+            "all 13 requests to be taken by the worker",
+            context=lambda: f"{waiting.describe()}\n{in_flight(client)}\n{stack.logs()}",
         )
-        unfinished = [i for i in ids if not client.exists(f"{PREFIX}:result:{i}")]
+        assert not [i for i in ids if client.exists(f"{PREFIX}:result:{i}")], "answered through a closed gate?"
     stack.redis.kill()
     # While Redis is down nothing is accepted: a clear 503 with Retry-After, not a hang or a 500.
     wait_for(lambda: http_status(f"{stack.url}/readyz") == 503, 10, "the gateway to see Redis gone")
@@ -537,6 +559,7 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(stack: Stack) -> Non
         refused = client.post(COMPLETIONS, json=completion(), headers=headers)
     assert refused.status_code == 503 and refused.headers["retry-after"], refused.text
     stack.redis.start()
+    release.set()
 
     def all_done() -> list[dict[str, Any]] | None:
         statuses = []
@@ -554,5 +577,66 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(stack: Stack) -> Non
     response = waiting.result()
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == LONG_TOKENS
-    assert unfinished, "every task had finished before Redis went away: the restart tested nothing for them"
     assert http_status(f"{stack.url}/readyz") == 200
+    assert worker.stop() == 0
+    stack.ensure_one_worker()
+
+
+def _rotation(stack: Stack, action: str, *engines: str) -> subprocess.Popen[str]:
+    """`llmfleet worker drain|undrain`, with the stack's Redis settings, running in the background."""
+    command = [*LLMFLEET, "worker", action, *[arg for url in engines for arg in ("--engine", url)], "--timeout", "60"]
+    env = {**stack.base_env, "LLMFLEET_REDIS_USERNAME": "worker"}  # as the engines playbook runs it: in a worker
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _engine_report(client: redis.Redis, worker: Service, url: str) -> dict[str, Any]:
+    report = json.loads(client.get(f"{PREFIX}:engines:{worker.name}") or "{}")
+    return next((engine for engine in report.get("engines", []) if engine["url"] == url), {})
+
+
+def test_a_drained_engine_gets_no_new_requests_and_the_drain_waits_for_its_running_ones(stack: Stack) -> None:
+    # Two engines whose answers wait for the test (GatedProxy): a request stays running on each until released.
+    hits_a: Counter[str] = Counter()
+    hits_b: Counter[str] = Counter()
+    with (
+        engine_proxy(GatedProxy, upstream=stack.vllm.url, hits=hits_a) as (engine_a, release_a),
+        engine_proxy(GatedProxy, upstream=stack.vllm.url, hits=hits_b) as (engine_b, release_b),
+        stack.redis.client() as client,
+    ):
+        worker = only_worker(stack, [engine_a, engine_b])
+        calls = [Call(stack, COMPLETIONS, completion(), stack.auth())]
+        wait_for(lambda: sum(hits_a.values()) + sum(hits_b.values()) == 1, 30, "the first request on an engine")
+        calls.append(Call(stack, COMPLETIONS, completion(), stack.auth()))
+        # Least outstanding requests first: one request on each engine.
+        wait_for(lambda: (sum(hits_a.values()), sum(hits_b.values())) == (1, 1), 30, "one request on each engine")
+
+        unknown = _rotation(stack, "drain", "http://127.0.0.1:1")
+        output, _ = unknown.communicate(timeout=60)
+        assert unknown.returncode == 1 and "no live worker sends requests to http://127.0.0.1:1" in output, output
+        assert client.smembers(f"{PREFIX}:drained") == set(), "a refused drain changed nothing"
+
+        drain = _rotation(stack, "drain", engine_a)
+        wait_for(
+            lambda: _engine_report(client, worker, engine_a).get("drained"), 30, f"{worker.name} to drain {engine_a}"
+        )
+        assert _engine_report(client, worker, engine_a)["outstanding"] == 1
+        assert drain.poll() is None, "the drain ended while a request still ran on the engine"
+        # A new request goes to the engine that is not drained.
+        calls.append(Call(stack, COMPLETIONS, completion(), stack.auth()))
+        wait_for(lambda: sum(hits_b.values()) == 2, 30, "the third request on the engine not drained")
+        assert sum(hits_a.values()) == 1
+
+        release_a.set()
+        output, _ = drain.communicate(timeout=60)
+        assert drain.returncode == 0, output
+        assert f"{engine_a}: 1 workers know it, 1 drained it, 0 requests running" in output
+
+        undrain = _rotation(stack, "undrain", engine_a)
+        output, _ = undrain.communicate(timeout=60)
+        assert undrain.returncode == 0, output
+        assert f"{engine_a}: 1 workers know it, 0 drained it" in output and "1 see it serving" in output
+        assert client.smembers(f"{PREFIX}:drained") == set()
+        release_b.set()
+        assert [call.result().status_code for call in calls] == [200, 200, 200]
+        assert worker.stop() == 0
+    stack.ensure_one_worker()

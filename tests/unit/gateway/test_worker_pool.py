@@ -52,6 +52,19 @@ def test_unhealthy_engines_are_skipped_and_excluding_all_still_picks_one() -> No
     assert [report.healthy for report in engines.reports()] == [False, False, True]
 
 
+def test_a_drained_engine_gets_nothing_new_and_says_so_until_undrained() -> None:
+    engines = pool()
+    asyncio.run(engines.check_all())
+    engines.set_drained({"http://a:8000"})
+    assert {engines.pick("tiny").url for _ in range(4)} == {"http://b:8000", "http://c:8000"}
+    reports = {report.url: report for report in engines.reports()}
+    assert (reports["http://a:8000"].drained, reports["http://a:8000"].healthy) == (True, False)
+    assert engines.changed.is_set(), "draining wakes requests waiting for an engine"
+    engines.set_drained(set())
+    assert {engines.pick("tiny").url for _ in range(3)} == set(ENGINES)
+    assert not any(report.drained for report in engines.reports())
+
+
 def test_ejection_after_failures_and_readmission_only_after_the_ejection_time() -> None:
     engines = pool(eject_after=2, eject_s=0.2)
     asyncio.run(engines.check_all())

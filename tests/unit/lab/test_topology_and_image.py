@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def test_shipped_lab_inventory_describes_six_hosts() -> None:
          "host h1 needs lab_address inside 10.1.0.0/24"),
         ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}, children: {g: {hosts: {h1: {lab_address: 10.2.0.5}}}}}",
          "host h1 needs lab_address inside"),
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}, children: {g: {hosts: {h1: {lab_address: 10.1.0.5}}}}}",
+         'host h1 needs ansible_host: "{{ lab_name }}-h1"'),
         ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}}", "no hosts under all.children"),
         ("all: [unbalanced", "cannot read lab inventory"),
     ],
@@ -36,7 +39,7 @@ def test_shipped_lab_inventory_describes_six_hosts() -> None:
 def test_bad_lab_inventory_is_refused_with_the_fix(tmp_path: Path, hosts_yml: str, message: str) -> None:
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(hosts_yml)
-    with pytest.raises(LlmfleetError, match=message):
+    with pytest.raises(LlmfleetError, match=re.escape(message)):
         load_lab(inventory)
 
 

@@ -248,7 +248,8 @@ def test_a_quantized_checkpoint_may_mix_dtypes(model: Path) -> None:
 
 
 def test_unknown_engine_release_and_missing_directory_are_bad_input(pristine: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"no serving data for vLLM '0\.9\.9'; known releases: 0\.4\.2, 0\.32\.0"):
+    known = r"known releases: 0\.4\.2, 0\.9\.2, 0\.32\.0"
+    with pytest.raises(ValueError, match=rf"no serving data for vLLM '0\.9\.9'; {known}"):
         mv.check_model(str(pristine), engine_version="0.9.9")
     with pytest.raises(ValueError, match="does not exist"):
         mv.check_model(str(tmp_path / "nope"))
@@ -393,6 +394,110 @@ def test_smallest_max_lora_rank() -> None:
         1, 8, 8, 320, 512, None,
     ]  # fmt: skip
     assert [mv.smallest_max_lora_rank(rank, "0.4.2") for rank in (1, 9, 64, 65)] == [8, 16, 64, None]
+    assert [mv.smallest_max_lora_rank(rank, "0.9.2") for rank in (1, 65, 300, 512, 513)] == [8, 128, 320, 512, None]
+
+
+# --- vLLM 0.9.2, the current-cu128 stack's engine: its own data, not 0.4.2's or 0.32.0's ---
+
+
+def test_the_current_stack_engine_is_a_known_release() -> None:
+    assert mv.CURRENT_ENGINE_VERSION == "0.9.2"
+    assert mv.ENGINE_VERSIONS == ("0.4.2", "0.9.2", "0.32.0")
+    assert len(mv.SUPPORTED_ARCHITECTURES["0.9.2"]) == 90
+
+
+@pytest.mark.parametrize(
+    ("architecture", "served_by"),
+    [
+        ("Qwen3ForCausalLM", {"0.4.2": False, "0.9.2": True, "0.32.0": True}),
+        ("Gemma2ForCausalLM", {"0.4.2": False, "0.9.2": True, "0.32.0": True}),
+        ("Qwen3NextForCausalLM", {"0.4.2": False, "0.9.2": False, "0.32.0": True}),
+        ("LlavaForConditionalGeneration", {"0.4.2": True, "0.9.2": False, "0.32.0": False}),
+        ("PersimmonForCausalLM", {"0.4.2": False, "0.9.2": True, "0.32.0": False}),
+    ],
+)
+def test_architectures_follow_each_release(model: Path, architecture: str, served_by: dict[str, bool]) -> None:
+    _set_config("architectures", [architecture])(model)
+    for version, served in served_by.items():
+        report = mv.check_model(str(model), engine_version=version)
+        assert report["ok"] is served, (version, report["problem_lines"])
+        if not served:
+            problem = only_problem(report)
+            assert problem["code"] == "unsupported-architecture"
+            assert f"vLLM {version}" in problem["message"]
+
+
+@pytest.mark.parametrize(("rank", "flag_092"), [(1, 8), (65, 128), (300, 320)])
+def test_0_9_2_rank_flags(pristine: Path, tmp_path: Path, rank: int, flag_092: int) -> None:
+    make_tiny_adapter(tmp_path / "a", pristine, rank=rank)
+    report = adapter_report(pristine, tmp_path / "a", engine_version="0.9.2")
+    assert report["ok"] is True, report["problem_lines"]
+    assert report["adapters"][0]["max_lora_rank"] == flag_092
+    old = adapter_report(pristine, tmp_path / "a", engine_version="0.4.2")
+    assert old["ok"] is (rank <= 64)
+
+
+def test_0_9_2_refuses_a_rank_above_512(pristine: Path, tmp_path: Path) -> None:
+    make_tiny_adapter(tmp_path / "a", pristine, rank=520)
+    problem = only_problem(adapter_report(pristine, tmp_path / "a", engine_version="0.9.2"))
+    assert problem["code"] == "rank-too-big"
+    assert "maximum LoRA rank 512 (--max-lora-rank accepts 8, 16, 32, 64, 128, 256, 320, 512)" in problem["message"]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "lm_head_ok"),
+    [
+        # 0.9.2's Qwen3ForCausalLM has no embedding_modules; 0.32.0's has.
+        ("Qwen3ForCausalLM", {"0.9.2": False, "0.32.0": True}),
+        # 0.9.2 serves Mistral with LlamaForCausalLM (embeddings); 0.32.0's MistralForCausalLM clears them.
+        ("MistralForCausalLM", {"0.9.2": True, "0.32.0": False}),
+    ],
+)
+def test_lm_head_as_a_target_differs_between_0_9_2_and_0_32(
+    model: Path, adapter: Path, architecture: str, lm_head_ok: dict[str, bool]
+) -> None:
+    _set_config("architectures", [architecture])(model)
+    _set_adapter("target_modules", ["q_proj", "lm_head"])(adapter)
+    for version, ok in lm_head_ok.items():
+        report = adapter_report(model, adapter, engine_version=version)
+        assert codes(report) == ([] if ok else ["unsupported-target-module"]), (version, report["problem_lines"])
+
+
+def test_phi3_adapters_use_fused_names_on_0_9_2(model: Path, adapter: Path) -> None:
+    _set_config("architectures", ["Phi3ForCausalLM"])(model)
+    prefix = "base_model.model.model.layers.0.self_attn.qkv_proj"
+    fused = {f"{prefix}.lora_A.weight": ("BF16", [8, 128]), f"{prefix}.lora_B.weight": ("BF16", [256, 8])}
+    write_safetensors(adapter / mv.ADAPTER_WEIGHTS, fused)
+    _set_adapter("target_modules", ["qkv_proj"])(adapter)
+    assert adapter_report(model, adapter, engine_version="0.9.2")["ok"] is True
+    _set_adapter("target_modules", ["q_proj"])(adapter)
+    assert codes(adapter_report(model, adapter, engine_version="0.9.2")) == ["unsupported-target-module"]
+
+
+def test_modules_to_save_is_refused_by_0_9_2_even_for_a_classifier_head(pristine: Path, adapter: Path) -> None:
+    _set_adapter("modules_to_save", ["score"])(adapter)
+    assert adapter_report(pristine, adapter, engine_version="0.32.0")["ok"] is True
+    assert adapter_report(pristine, adapter, engine_version="0.4.2")["ok"] is True  # 0.4.2 ignored it
+    problem = only_problem(adapter_report(pristine, adapter, engine_version="0.9.2"))
+    assert (problem["code"], problem["file"]) == ("modules-to-save", str(adapter / mv.ADAPTER_CONFIG))
+    _set_adapter("modules_to_save", [])(adapter)
+    assert adapter_report(pristine, adapter, engine_version="0.9.2")["ok"] is True
+
+
+def test_lora_bias_names_the_0_9_2_flag(pristine: Path, adapter: Path) -> None:
+    _set_adapter("bias", "lora_only")(adapter)
+    current = only_problem(adapter_report(pristine, adapter, engine_version="0.9.2"))
+    assert current["code"] == "lora-bias"
+    assert "--enable-lora-bias" in current["message"] and "--enable-lora-bias" in current["fix"]
+    lab = only_problem(adapter_report(pristine, adapter, engine_version="0.32.0"))
+    assert lab["code"] == "lora-bias"
+    assert "--enable-lora-bias" not in lab["message"] + lab["fix"]
+
+
+@pytest.mark.parametrize("version", ["0.9.2", "0.32.0"])
+def test_dora_is_refused_by_both_newer_releases(pristine: Path, adapter: Path, version: str) -> None:
+    _set_adapter("use_dora", True)(adapter)
+    assert only_problem(adapter_report(pristine, adapter, engine_version=version))["code"] == "dora"
 
 
 # --- explicit config fixes -------------------------------------------------------

@@ -60,7 +60,7 @@ def drop_rope_theta(model: Path) -> str:
     return text
 
 
-@pytest.mark.parametrize("engine_version", ["0.4.2", "0.32.0"])
+@pytest.mark.parametrize("engine_version", ["0.4.2", "0.9.2", "0.32.0"])
 def test_a_servable_model_passes_with_its_facts(tmp_path: Path, pristine: Path, engine_version: str) -> None:
     code, result, _ = run_module(tmp_path, {"path": str(pristine), "engine_version": engine_version})
     assert code == 0, result

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The benchmark: load through gateway, queue and workers to the lab's real
+# vLLM engines, and the same load straight to the engines, side by side.
+#   1. brings the lab up with scripts/lab.sh unless its gateway already runs,
+#   2. saturation: 32 clients back to back for 20 s through the gateway, then
+#      spread over the engines directly: the gateway's share of direct
+#      throughput and the p50 it adds,
+#   3. the target: 100 req/s offered for 30 s through the gateway (open loop):
+#      throughput, p50/p95/p99 and errors against 100 req/s, p95 < 800 ms, 0 errors.
+# Results: out/bench/{saturation,target}.json. Extra arguments go to both runs
+# of `llmfleet bench` (e.g. --max-tokens 32).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+gateway_host=llmfleet-lab-gw1
+gateway_address() {
+  docker exec "$gateway_host" docker port llmfleet-gateway-1 8080/tcp 2>/dev/null | head -n 1
+}
+if ! address=$(gateway_address) || [ -z "$address" ]; then
+  echo "bench: no lab gateway runs; bringing the lab up first (scripts/lab.sh)"
+  scripts/lab.sh >/dev/null
+  address=$(gateway_address)
+fi
+
+# Every engine container on the lab's serving hosts, by its published address.
+engines=()
+for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
+  for container in $(docker exec "$host" docker ps --filter name=llmfleet-vllm- --format '{{.Names}}'); do
+    published=$(docker exec "$host" docker port "$container" | head -n 1)
+    engines+=(--peer-url "http://${published##*-> }")
+  done
+done
+if [ ${#engines[@]} -eq 0 ]; then
+  echo "bench: no engine container runs on the lab's serving hosts; run scripts/lab.sh" >&2
+  exit 1
+fi
+
+# The token goes through a 0600 file, removed on exit: never a command line.
+umask 077
+workdir=$(mktemp -d)
+trap 'rm -rf "$workdir"' EXIT
+docker exec "$gateway_host" cat /etc/llmfleet/gateway/jwt_secret >"$workdir/key"
+llmfleet token --sub bench --tier bench --models tiny --ttl 1h --secret-file "$workdir/key" >"$workdir/token"
+
+mkdir -p out/bench
+echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}"
+echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
+llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
+  --concurrency 32 --duration 20 "${engines[@]}" --peer-label direct --out out/bench/saturation.json "$@"
+echo "--- target: 100 req/s offered for 30 s through the gateway"
+llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
+  --rate 100 --duration 30 --out out/bench/target.json "$@"

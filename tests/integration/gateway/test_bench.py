@@ -1,0 +1,37 @@
+"""`llmfleet bench` against the real stack: every request it sends is accounted for, through the gateway and direct.
+
+The figures themselves are the benchmark's (scripts/bench.sh in the lab); here only
+the counting is checked, so nothing depends on this machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.integration.gateway.gatewaystack import Stack
+from tests.tools import LLMFLEET
+
+
+def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: Stack, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(stack.token("bench"))
+    token_file.chmod(0o600)
+    out = tmp_path / "bench.json"
+    command = [
+        *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--label", "gateway",
+        "--concurrency", "4", "--duration", "2", "--warmup", "0.5", "--max-tokens", "8",
+        "--peer-url", stack.vllm.url, "--peer-label", "direct", "--out", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    gateway, direct = report["reports"]
+    for measured in (gateway, direct):
+        assert measured["requests"] > 0
+        assert measured["ok"] == measured["requests"], measured["errors"]
+        assert measured["completion_tokens"] == 8 * measured["ok"]
+        assert 0 < measured["p50_ms"] <= measured["p95_ms"] <= measured["p99_ms"] <= measured["max_ms"]
+    assert report["throughput_ratio"] == round(gateway["throughput_rps"] / direct["throughput_rps"], 3)
+    assert "gateway / direct:" in result.stdout
