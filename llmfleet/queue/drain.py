@@ -10,7 +10,7 @@ nothing running on it.
 `llmfleet worker undrain` removes the URLs and waits until every live worker
 that knows an engine sees it serving again, so a rolling change does not drain
 the next host before this one serves. The engines playbook runs both around each host
-(playbooks/tasks/drain_engines.yml, undrain_engines.yml).
+(playbooks/tasks/engine_rotation.yml).
 """
 
 from __future__ import annotations
