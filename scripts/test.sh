@@ -3,8 +3,9 @@
 # with a one-screen summary. Exits non-zero when any stage fails.
 #   scripts/test.sh            all stages
 #   scripts/test.sh unit lab   only the named stages
-# Each stage's full output is kept in out/test-logs/<stage>.log; a failing
-# stage also prints its last lines here.
+# Each stage's full output is kept in out/test-logs/<stage>.log, every line
+# stamped with the time it was written, so a slow step shows in the log; a
+# failing stage also prints its last lines here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh || { echo "bootstrap failed: nothing was tested" >&2; exit 1; }
@@ -42,8 +43,11 @@ molecule_roles() {
     (cd "roles/$role" && molecule test -s "$(basename "$(dirname "$scenario")")") || return 1
   done
 }
-integration() { pytest -q tests/integration; }
-lab() { pytest -q tests/lab; }
+# --durations: the slowest tests are named at the end of each log.
+integration() { pytest -q --durations=15 tests/integration; }
+lab() { pytest -q --durations=15 tests/lab; }
+
+stamp_lines() { while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done; }
 
 all_stages=(lint_yaml lint_ansible lint_python syntax_check unit molecule_roles integration lab)
 stages=("${@:-${all_stages[@]}}")
@@ -58,7 +62,7 @@ for stage in "${stages[@]}"; do
   fi
   echo "--- $stage"
   started=$(date +%s)
-  if "$stage" >"$log_dir/$stage.log" 2>&1; then
+  if "$stage" 2>&1 | stamp_lines >"$log_dir/$stage.log"; then
     status=PASS; passed=$((passed + 1))
   else
     status=FAIL; failed=$((failed + 1))
