@@ -30,18 +30,47 @@ syntax_check() {
   done
 }
 unit() { pytest -q tests/unit; }
+# Scenarios run two at a time by default: much of each one is spent waiting on
+# containers and systemd, so two share a 2-core machine nearly for free.
+molecule_jobs=${LLMFLEET_MOLECULE_JOBS:-2}
 molecule_roles() {
-  local scenario role
+  local scenario role name failed=0 dir="$log_dir/molecule"
+  local -A log_of=()  # the running scenarios: their pid -> their log
   # The scenarios run on the local Docker engine from the lab's base image:
   # start the engine and build the images first (no-ops when ready).
   llmfleet lab image || return 1
   # The gateway scenario runs the gateway and workers from the service image.
   llmfleet image build service || return 1
+  mkdir -p "$dir"
   for scenario in roles/*/molecule/*/molecule.yml; do
     role=${scenario#roles/}; role=${role%%/*}
-    echo "=== molecule: role $role, scenario $(basename "$(dirname "$scenario")")"
-    (cd "roles/$role" && molecule test -s "$(basename "$(dirname "$scenario")")") || return 1
+    name=$(basename "$(dirname "$scenario")")
+    while ((${#log_of[@]} >= molecule_jobs)); do
+      molecule_reap || failed=1
+    done
+    echo "=== molecule: role $role, scenario $name (log: $dir/$role-$name.log)"
+    (cd "roles/$role" && molecule test -s "$name") 2>&1 | stamp_lines >"$dir/$role-$name.log" &
+    log_of[$!]="$dir/$role-$name.log"
   done
+  while ((${#log_of[@]} > 0)); do
+    molecule_reap || failed=1
+  done
+  return "$failed"
+}
+# Waits for one of molecule_roles' running scenarios (its log_of) to end and
+# reports it; a failure also prints its log's tail.
+molecule_reap() {
+  local finished status
+  wait -n -p finished "${!log_of[@]}"
+  status=$?
+  if ((status == 0)); then
+    echo "=== molecule: PASS ${log_of[$finished]}"
+  else
+    echo "=== molecule: FAIL ${log_of[$finished]}"
+    tail -n 80 "${log_of[$finished]}"
+  fi
+  unset "log_of[$finished]"
+  return "$status"
 }
 # --durations: the slowest tests are named at the end of each log.
 integration() { pytest -q --durations=15 tests/integration; }

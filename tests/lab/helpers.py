@@ -17,6 +17,9 @@ from llmfleet.paths import REPO_ROOT
 from tests.tools import LLMFLEET, venv_tool
 
 TEST_LAB_NAME = "llmfleet-labtest"
+# Each playbook run's whole output, with every task's duration (profile_tasks),
+# so a slow or failed run can be read after the test, in CI too.
+PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
 RECAP_LINE = re.compile(
     r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
     r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
@@ -47,12 +50,26 @@ def copy_lab_inventory(destination: Path) -> Path:
 
 
 def run_playbook(inventory: Path, playbook: str, *extra: str, facts: Path) -> PlaybookRun:
-    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts), "ANSIBLE_NOCOLOR": "1"}
+    env = {
+        **os.environ,
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+    }
     result = subprocess.run(
         [venv_tool("ansible-playbook"), "-i", str(inventory), str(REPO_ROOT / "playbooks" / playbook), *extra],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False,
     )
-    return PlaybookRun(result.returncode, result.stdout + result.stderr)
+    run = PlaybookRun(result.returncode, result.stdout + result.stderr)
+    _keep_log(playbook, run)
+    return run
+
+
+def _keep_log(playbook: str, run: PlaybookRun) -> None:
+    # PYTEST_CURRENT_TEST is "tests/lab/test_site.py::test_name (call)".
+    test = os.environ.get("PYTEST_CURRENT_TEST", "outside-a-test").split("::")[-1].split()[0]
+    PLAYBOOK_LOGS.mkdir(parents=True, exist_ok=True)
+    (PLAYBOOK_LOGS / f"{test}.{Path(playbook).stem}.log").write_text(run.output)
 
 
 def llmfleet_lab(inventory: Path, action: str) -> subprocess.CompletedProcess[str]:
