@@ -33,6 +33,11 @@ unit() { pytest -q tests/unit; }
 # Scenarios run two at a time by default: much of each one is spent waiting on
 # containers and systemd, so two share a 2-core machine nearly for free.
 molecule_jobs=${LLMFLEET_MOLECULE_JOBS:-2}
+if [[ ! $molecule_jobs =~ ^[1-9][0-9]*$ ]]; then
+  # 0 or a word would leave molecule_roles waiting for a scenario that never started.
+  echo "LLMFLEET_MOLECULE_JOBS must be a whole number from 1 (one scenario at a time), not '$molecule_jobs'" >&2
+  exit 2
+fi
 molecule_roles() {
   local scenario role name failed=0 dir="$log_dir/molecule"
   local -A log_of=()  # the running scenarios: their pid -> their log
