@@ -59,6 +59,20 @@ SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
+# How the tests' engines run on a small shared machine (as the lab's do, in
+# inventories/lab/group_vars/gpu_nodes.yml). By default vLLM-CPU pins each
+# engine's compute thread to core 0, and runs the model in a second process
+# that busy-waits on shared memory for every step while the engine core
+# busy-waits for its answer: two engines kept four processes spinning on two
+# cores. Unpinned, single-threaded, and with the model inside the engine-core
+# process (`uni`, which vLLM-CPU honours only with multiprocessing off), they
+# use the CPU only for work. The API server still runs the engine core apart.
+SERVING_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+SERVING_ARGS = ("--distributed-executor-backend", "uni")
 
 
 def venv_key(lock: Path = LOCK) -> str:
@@ -210,9 +224,10 @@ def start_server(
         "--host", host,
         "--port", str(port),
         "--dtype", dtype,
+        *SERVING_ARGS,
         *extra_args,
     ]  # fmt: skip
-    env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **(extra_env or {})}
+    env = {**os.environ, **SERVER_ENV, **SERVING_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **(extra_env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     url = f"http://{host}:{port}"
     started = time.monotonic()
