@@ -17,6 +17,11 @@ machine, and reports the ratio of the two: the figure to judge a proxy's
 overhead by. Targets (--target-rps,
 --target-p95-ms) are reported as met or missed; the benchmark measures, it does
 not fail on speed. It fails (exit 1) only when it could not measure at all.
+
+--cpu adds where the CPU went during each measured window: milliseconds per
+answered request for each part of the stack on this machine, and how many
+cores were busy (llmfleet.cpuuse; the lab's hosts are containers here, so it
+sees the whole lab).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmfleet import cpuuse
 from llmfleet.errors import LlmfleetError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -67,6 +73,11 @@ class Report:
     p95_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
+    # --cpu only: CPU ms per answered request by part of the stack, and the
+    # average number of busy cores (of `cores`) over the measured window.
+    cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
+    cores_busy: float | None = None
+    cores: int | None = None
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -244,11 +255,18 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
     try:
         if args.warmup > 0:  # connections opened, caches warm; not counted
             await closed_loop(send, min(connections, 8), args.warmup)
+        before = cpuuse.snapshot() if args.cpu else None
         if args.rate:
             samples, elapsed_s = await open_loop(send, args.rate, args.duration)
-            return summarize(label, shown, "rate", args.rate, samples, elapsed_s)
-        samples, elapsed_s = await closed_loop(send, args.concurrency, args.duration)
-        return summarize(label, shown, "concurrency", args.concurrency, samples, elapsed_s)
+            report = summarize(label, shown, "rate", args.rate, samples, elapsed_s)
+        else:
+            samples, elapsed_s = await closed_loop(send, args.concurrency, args.duration)
+            report = summarize(label, shown, "concurrency", args.concurrency, samples, elapsed_s)
+        if before is not None:
+            used = cpuuse.usage(before, cpuuse.snapshot())
+            report.cpu_ms_per_request = used.per_request_ms(report.ok)
+            report.cores_busy, report.cores = used.cores_busy, used.cores
+        return report
     finally:
         for target in targets:
             target.close()
@@ -278,12 +296,16 @@ def verdict(report: Report, target_rps: float, target_p95_ms: float) -> dict[str
 def describe(report: Report) -> str:
     load = f"{report.load:g} req/s offered" if report.mode == "rate" else f"{report.load:g} clients"
     errors = ", ".join(f"{name} x{count}" for name, count in report.errors.items()) or "none"
-    return (
+    text = (
         f"{report.label:8} {load}, {report.duration_s:.1f} s: {report.ok}/{report.requests} answered,"
         f" {report.throughput_rps:.1f} req/s, {report.completion_tokens_per_s:.0f} tokens/s;"
         f" p50 {report.p50_ms:.0f} ms, p95 {report.p95_ms:.0f} ms, p99 {report.p99_ms:.0f} ms,"
         f" max {report.max_ms:.0f} ms; errors: {errors}"
     )
+    if report.cores_busy is not None:
+        parts = ", ".join(f"{part} {ms:.1f}" for part, ms in report.cpu_ms_per_request.items())
+        text += f"\n{'':8} CPU ms per answered request: {parts}; {report.cores_busy:.2f} of {report.cores} cores busy"
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -358,6 +380,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--peer-label", default="peer", help="name for --peer-url in the report (default peer)")
     parser.add_argument("--target-rps", type=float, default=100.0, help="throughput target (default 100)")
     parser.add_argument("--target-p95-ms", type=float, default=800.0, help="p95 latency target (default 800)")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also report CPU ms per answered request by part of the stack on this machine, and busy cores",
+    )
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)

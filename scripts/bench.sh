@@ -7,6 +7,8 @@
 #      throughput and the p50 it adds,
 #   3. the target: 100 req/s offered for 30 s through the gateway (open loop):
 #      throughput, p50/p95/p99 and errors against 100 req/s, p95 < 800 ms, 0 errors.
+# Each run also reports where the CPU went (--cpu: ms per answered request by
+# part of the stack, read from /proc; the lab's hosts are containers here).
 # Results: out/bench/{saturation,target}.json. Extra arguments go to both runs
 # of `llmfleet bench` (e.g. --max-tokens 32).
 set -euo pipefail
@@ -48,7 +50,7 @@ mkdir -p out/bench
 echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}"
 echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
-  --concurrency 32 --duration 20 "${engines[@]}" --peer-label direct --out out/bench/saturation.json "$@"
+  --concurrency 32 --duration 20 "${engines[@]}" --peer-label direct --cpu --out out/bench/saturation.json "$@"
 echo "--- target: 100 req/s offered for 30 s through the gateway"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
-  --rate 100 --duration 30 --out out/bench/target.json "$@"
+  --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from llmfleet.bench import Sample, _read_response, closed_loop, open_loop, percentile, summarize, verdict
+from llmfleet.bench import Sample, _read_response, closed_loop, describe, open_loop, percentile, summarize, verdict
 from llmfleet.cli import main
 
 
@@ -105,3 +105,12 @@ def test_responses_are_read_by_length_or_in_chunks() -> None:
     chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     chunked += b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\n\r\n"
     assert _parse(chunked) == (429, b"abcdefg", False)
+
+
+def test_the_cpu_line_appears_only_with_cpu_figures() -> None:
+    report = summarize("gateway", "u", "rate", 100, [Sample(0.2, "ok", 16)] * 10, elapsed_s=0.1)
+    assert "\n" not in describe(report)
+    report.cpu_ms_per_request = {"gateway": 1.61, "engine core": 10.04}
+    report.cores_busy, report.cores = 1.93, 2
+    cpu_line = describe(report).splitlines()[1].strip()
+    assert cpu_line == "CPU ms per answered request: gateway 1.6, engine core 10.0; 1.93 of 2 cores busy"

@@ -1,7 +1,8 @@
 """`llmfleet bench` against the real stack: every request it sends is accounted for, through the gateway and direct.
 
 The figures themselves are the benchmark's (scripts/bench.sh in the lab); here only
-the counting is checked, so nothing depends on this machine's speed.
+the counting is checked, and that --cpu finds each part of the stack working, so
+nothing depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: 
     command = [
         *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--label", "gateway",
         "--concurrency", "4", "--duration", "2", "--warmup", "0.5", "--max-tokens", "8",
-        "--peer-url", stack.vllm.url, "--peer-label", "direct", "--out", str(out),
+        "--peer-url", stack.vllm.url, "--peer-label", "direct", "--cpu", "--out", str(out),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
@@ -35,3 +36,9 @@ def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: 
         assert 0 < measured["p50_ms"] <= measured["p95_ms"] <= measured["p99_ms"] <= measured["max_ms"]
     assert report["throughput_ratio"] == round(gateway["throughput_rps"] / direct["throughput_rps"], 3)
     assert "gateway / direct:" in result.stdout
+    # The stack's processes run on this machine: --cpu sees each part work.
+    through_gateway = ("gateway", "worker", "redis", "engine API server", "engine core", "load generator")
+    assert all(gateway["cpu_ms_per_request"].get(part, 0) > 0 for part in through_gateway), gateway
+    assert all(direct["cpu_ms_per_request"].get(part, 0) > 0 for part in ("engine API server", "engine core")), direct
+    assert all(0 < measured["cores_busy"] <= measured["cores"] for measured in (gateway, direct))
+    assert "CPU ms per answered request:" in result.stdout
