@@ -20,10 +20,14 @@ if TYPE_CHECKING:  # imported when running, not for every `llmfleet` command
 
 
 def _run(settings: WorkerSettings) -> int:
+    import uvloop
+
     from llmfleet.worker.app import run
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine call otherwise
-    return asyncio.run(run(settings))
+    # uvloop, as the gateway's uvicorn uses: its socket I/O and callbacks cost
+    # less CPU than asyncio's own loop, and the worker is all socket I/O.
+    return uvloop.run(run(settings))
 
 
 def serve() -> int:
