@@ -52,6 +52,7 @@ class Snapshot:
     processes: Mapping[tuple[int, int], tuple[str, float]]
     busy_s: float  # all cores, from /proc/stat: time not idle
     total_s: float
+    cores: int  # the cpuN lines of /proc/stat: total_s is summed over these
 
 
 def _process(pid_dir: Path, own_pid: int) -> tuple[tuple[int, int], tuple[str, float]] | None:
@@ -70,12 +71,14 @@ def _process(pid_dir: Path, own_pid: int) -> tuple[tuple[int, int], tuple[str, f
     return (pid, start), (part, (utime + stime) / CLOCK_TICKS)
 
 
-def _cores_time(proc: Path) -> tuple[float, float]:
-    """(busy, total) seconds over all cores since boot, from the first line of /proc/stat."""
-    values = [int(value) for value in (proc / "stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
+def _cores_time(proc: Path) -> tuple[float, float, int]:
+    """(busy, total) seconds over all cores since boot, from the first line of /proc/stat, and the cores."""
+    lines = (proc / "stat").read_text().splitlines()
+    values = [int(value) for value in lines[0].split()[1:]]
+    idle = values[3] + values[4]  # idle and iowait
     total = sum(values[:8])  # user nice system idle iowait irq softirq steal; guest is inside user
-    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+    cores = sum(1 for line in lines[1:] if line.startswith("cpu"))
+    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS, cores
 
 
 def snapshot(proc: Path = PROC, own_pid: int | None = None) -> Snapshot:
@@ -83,8 +86,8 @@ def snapshot(proc: Path = PROC, own_pid: int | None = None) -> Snapshot:
     processes = dict(
         found for pid_dir in proc.iterdir() if pid_dir.name.isdigit() and (found := _process(pid_dir, own)) is not None
     )
-    busy, total = _cores_time(proc)
-    return Snapshot(processes, busy, total)
+    busy, total, cores = _cores_time(proc)
+    return Snapshot(processes, busy, total, cores)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class Usage:
         return {part: round(1000 * seconds / max(requests, 1), 2) for part, seconds in self.seconds_by_part.items()}
 
 
-def usage(before: Snapshot, after: Snapshot, cores: int | None = None) -> Usage:
+def usage(before: Snapshot, after: Snapshot) -> Usage:
     """CPU seconds each part used between two snapshots; a process new since `before` counts from its start."""
     seconds: dict[str, float] = {}
     for key, (part, cpu_s) in after.processes.items():
@@ -107,7 +110,6 @@ def usage(before: Snapshot, after: Snapshot, cores: int | None = None) -> Usage:
             seconds[part] = seconds.get(part, 0.0) + used
     order = [name for name, _ in PARTS] + [LOAD_GENERATOR, OTHER]
     ordered = {part: round(seconds[part], 3) for part in order if part in seconds}
-    count = cores or os.cpu_count() or 1
-    span = (after.total_s - before.total_s) / count
+    span = (after.total_s - before.total_s) / after.cores
     busy = (after.busy_s - before.busy_s) / span if span > 0 else 0.0
-    return Usage(ordered, round(busy, 2), count)
+    return Usage(ordered, round(busy, 2), after.cores)

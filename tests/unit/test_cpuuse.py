@@ -41,7 +41,7 @@ def _write_process(proc: Path, pid: int, command: bytes, utime: int, stime: int,
 
 
 def _write_cores(proc: Path, user: int, idle: int) -> None:
-    (proc / "stat").write_text(f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+    (proc / "stat").write_text(f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\nintr 0\n")
 
 
 def test_a_fake_proc_tree_is_read_per_process_and_for_the_cores(tmp_path: Path) -> None:
@@ -59,11 +59,11 @@ def test_a_fake_proc_tree_is_read_per_process_and_for_the_cores(tmp_path: Path) 
         (11, 600): ("other", 1.0),  # a kernel thread: no command line, named by its comm, which holds ") "
         (12, 700): ("load generator", 1.0),
     }
-    assert (taken.busy_s, taken.total_s) == (300.0, 400.0)
+    assert (taken.busy_s, taken.total_s, taken.cores) == (300.0, 400.0, 1)
 
 
 def test_usage_counts_new_processes_from_their_start_and_a_reused_pid_as_new() -> None:
-    before = Snapshot({(10, 500): ("redis", 4.0), (20, 900): ("worker", 50.0)}, busy_s=100.0, total_s=200.0)
+    before = Snapshot({(10, 500): ("redis", 4.0), (20, 900): ("worker", 50.0)}, busy_s=100.0, total_s=200.0, cores=2)
     after = Snapshot(
         {
             (10, 500): ("redis", 5.5),  # 1.5 s during the window
@@ -73,9 +73,10 @@ def test_usage_counts_new_processes_from_their_start_and_a_reused_pid_as_new() -
         },
         busy_s=118.0,
         total_s=220.0,
+        cores=2,
     )
 
-    used = usage(before, after, cores=2)
+    used = usage(before, after)
 
     assert used.seconds_by_part == {"worker": 2.0, "redis": 1.5, "engine core": 6.0}
     assert list(used.seconds_by_part) == ["worker", "redis", "engine core"], "in the report's fixed order"
@@ -94,4 +95,4 @@ def test_the_real_proc_shows_this_process_working_as_the_load_generator() -> Non
     own = [part for (pid, _start), (part, _cpu) in before.processes.items() if pid == os.getpid()]
     assert own == ["load generator"]
     assert used.seconds_by_part["load generator"] >= 0.15
-    assert 0 < used.cores_busy <= used.cores
+    assert 0 < used.cores_busy <= used.cores == os.cpu_count()
