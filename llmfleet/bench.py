@@ -315,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         raise LlmfleetError("--rate must be above 0 and --concurrency at least 1")
     if args.duration <= 0:
         raise LlmfleetError("--duration must be above 0 seconds")
+    if args.cpu and not (cpuuse.PROC / "stat").is_file():
+        raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
     headers = read_token(args.token_file)
     reports = [asyncio.run(measure(args, args.label, [args.url], headers))]
     if args.peer_url:

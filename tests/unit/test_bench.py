@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 
 import pytest
 
+from llmfleet import cpuuse
 from llmfleet.bench import Sample, _read_response, closed_loop, describe, open_loop, percentile, summarize, verdict
 from llmfleet.cli import main
 
@@ -114,3 +116,15 @@ def test_the_cpu_line_appears_only_with_cpu_figures() -> None:
     report.cores_busy, report.cores = 1.93, 2
     cpu_line = describe(report).splitlines()[1].strip()
     assert cpu_line == "CPU ms per answered request: gateway 1.6, engine core 10.0; 1.93 of 2 cores busy"
+
+
+def test_cpu_without_proc_is_refused_before_any_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cpuuse, "PROC", tmp_path / "no-proc")
+    # Port 1 on loopback: a load run would report ConnectionRefusedError; none starts.
+    args = ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "1", "--duration", "0.2", "--cpu"]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "--cpu reads" in captured.err and "drop --cpu" in captured.err
+    assert "ConnectionRefusedError" not in captured.out
