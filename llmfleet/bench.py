@@ -4,12 +4,26 @@
     llmfleet bench --url http://10.77.0.10:8080 --token-file T --concurrency 32 --peer-url http://10.77.0.41:8000
 
 Two ways to load:
-- --rate R (open loop): requests start on a fixed schedule, R per second,
+- --rate R (open loop): requests are due on a fixed schedule, R per second,
   whether or not earlier ones have finished. Latency counts from the moment a
   request was due, so a server that falls behind shows it in the percentiles
   instead of quietly slowing the generator down.
 - --concurrency C (closed loop): C clients each send the next request as soon
   as the last one is answered: the throughput at saturation.
+
+A run is one stretch of load at the same rate (or with the same clients)
+throughout: --warmup seconds, then the measured window of --duration seconds,
+then a ramp-down. In the open loop the schedule goes on after the window until
+every request due in it has been answered or has failed; the closed loop's
+clients send nothing after the window's end and wait for what they sent. So the
+server is as loaded at the window's edges as in its middle. Of the window:
+- requests, errors and the latency percentiles count the requests due (open
+  loop) or sent (closed loop) inside it, however late they were answered;
+- throughput counts the answers (status 200, a usable body) that arrived inside
+  it, whichever request they belong to, per second of window; completion
+  tokens per second likewise. A server that keeps up is reported at the
+  offered rate whatever its latency; one that falls behind answers fewer in
+  the window than were due, and shows it.
 
 --peer-url runs the same load against a peer (the engines themselves, say;
 repeat it and requests go to each in turn) straight after, on the same
@@ -18,10 +32,10 @@ overhead by. Targets (--target-rps,
 --target-p95-ms) are reported as met or missed; the benchmark measures, it does
 not fail on speed. It fails (exit 1) only when it could not measure at all.
 
---cpu adds where the CPU went during each measured window: milliseconds per
-answered request for each part of the stack on this machine, and how many
-cores were busy (llmfleet.cpuuse; the lab's hosts are containers here, so it
-sees the whole lab).
+--cpu adds where the CPU went during each measured window (snapshots at its
+start and end): milliseconds per answer that arrived in it for each part of
+the stack on this machine, and how many cores were busy (llmfleet.cpuuse; the
+lab's hosts are containers here, so it sees the whole lab).
 """
 
 from __future__ import annotations
@@ -45,15 +59,21 @@ from llmfleet.errors import LlmfleetError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 PROMPT = "Write one line about the sea."
-# Requests still running this long after the load ends count as timed out.
+# A request not answered this long after it was sent counts as timed out. It
+# also bounds the open loop's ramp-down, which waits for the window's requests.
 REQUEST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class Sample:
-    latency_s: float
+    due: float  # time.perf_counter() when it was due (open loop) or sent (closed loop)
+    done: float  # time.perf_counter() when its answer, or its error, came
     outcome: str  # "ok", an HTTP status such as "429", or an error class such as "ConnectError"
     completion_tokens: int = 0
+
+    @property
+    def latency_s(self) -> float:
+        return self.done - self.due
 
 
 @dataclass
@@ -62,10 +82,15 @@ class Report:
     url: str
     mode: str  # "rate" or "concurrency"
     load: float  # requests per second asked for, or clients
-    duration_s: float
+    duration_s: float  # the measured window's length
+    # The requests due (rate) or sent (concurrency) in the window; the latency
+    # percentiles and completion_tokens are of those of them answered (ok).
     requests: int = 0
     ok: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    # Answers that arrived in the window, whichever request they belong to, and
+    # per second of window: the throughput figures.
+    answers_in_window: int = 0
     throughput_rps: float = 0.0
     completion_tokens: int = 0
     completion_tokens_per_s: float = 0.0
@@ -73,7 +98,7 @@ class Report:
     p95_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
-    # --cpu only: CPU ms per answered request by part of the stack, and the
+    # --cpu only: CPU ms per answer in the window by part of the stack, and the
     # average number of busy cores (of `cores`) over the measured window.
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
     cores_busy: float | None = None
@@ -88,24 +113,35 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def summarize(label: str, url: str, mode: str, load: float, samples: list[Sample], elapsed_s: float) -> Report:
-    """Throughput counts answered requests only, over the time from the first start to the last answer."""
-    latencies = sorted(sample.latency_s * 1000 for sample in samples if sample.outcome == "ok")
-    errors = Counter(sample.outcome for sample in samples if sample.outcome != "ok")
-    elapsed_s = max(elapsed_s, 1e-9)
-    tokens = sum(sample.completion_tokens for sample in samples)
+def summarize(
+    label: str, url: str, mode: str, load: float, samples: list[Sample], window_start: float, window_end: float
+) -> Report:
+    """The report of the window [window_start, window_end) (perf_counter seconds), from all of a run's samples.
+
+    requests, ok, errors, completion_tokens and the latency percentiles count the
+    requests due (or sent) in the window, however late they were answered.
+    Throughput and completion tokens per second count the answers ("ok") that
+    arrived in the window, whichever request they belong to (one due in the
+    warm-up, say), divided by the window's length.
+    """
+    window_s = window_end - window_start
+    measured = [sample for sample in samples if window_start <= sample.due < window_end]
+    arrived = [sample for sample in samples if sample.outcome == "ok" and window_start <= sample.done < window_end]
+    latencies = sorted(sample.latency_s * 1000 for sample in measured if sample.outcome == "ok")
+    errors = Counter(sample.outcome for sample in measured if sample.outcome != "ok")
     return Report(
         label=label,
         url=url,
         mode=mode,
         load=load,
-        duration_s=round(elapsed_s, 3),
-        requests=len(samples),
+        duration_s=round(window_s, 3),
+        requests=len(measured),
         ok=len(latencies),
         errors=dict(sorted(errors.items())),
-        throughput_rps=round(len(latencies) / elapsed_s, 2),
-        completion_tokens=tokens,
-        completion_tokens_per_s=round(tokens / elapsed_s, 1),
+        answers_in_window=len(arrived),
+        throughput_rps=round(len(arrived) / window_s, 2),
+        completion_tokens=sum(sample.completion_tokens for sample in measured),
+        completion_tokens_per_s=round(sum(sample.completion_tokens for sample in arrived) / window_s, 1),
         p50_ms=round(percentile(latencies, 50), 1),
         p95_ms=round(percentile(latencies, 95), 1),
         p99_ms=round(percentile(latencies, 99), 1),
@@ -188,7 +224,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
 
 
 def sender(targets: list[Target]) -> Send:
-    """A coroutine function that sends one request (to the targets in turn) and times it from `due` (perf_counter)."""
+    """A coroutine function that sends one request (to the targets in turn): its sample, from `due` (perf_counter)."""
     turn = itertools.cycle(targets)
 
     async def send(due: float) -> Sample:
@@ -196,51 +232,69 @@ def sender(targets: list[Target]) -> Send:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 status, body = await next(turn).post()
         except TimeoutError:
-            return Sample(time.perf_counter() - due, "timeout")
+            return Sample(due, time.perf_counter(), "timeout")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
-            return Sample(time.perf_counter() - due, type(error).__name__)
-        latency_s = time.perf_counter() - due
+            return Sample(due, time.perf_counter(), type(error).__name__)
+        done = time.perf_counter()
         if status != 200:
-            return Sample(latency_s, str(status))
+            return Sample(due, done, str(status))
         try:
             tokens = int(json.loads(body)["usage"]["completion_tokens"])
         except (ValueError, KeyError, TypeError):
-            return Sample(latency_s, "bad-body")
-        return Sample(latency_s, "ok", tokens)
+            return Sample(due, done, "bad-body")
+        return Sample(due, done, "ok", tokens)
 
     return send
 
 
-async def open_loop(send: Send, rate: float, duration_s: float) -> tuple[list[Sample], float]:
-    """Start round(rate * duration_s) requests on a fixed schedule; (samples, seconds to the last answer)."""
-    start = time.perf_counter()
-    tasks = []
-    for index in range(max(1, round(rate * duration_s))):
-        due = start + index / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(send(due)))
-    samples = list(await asyncio.gather(*tasks))
-    return samples, time.perf_counter() - start
+async def sleep_until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - time.perf_counter()))
 
 
-async def closed_loop(send: Send, concurrency: int, duration_s: float) -> tuple[list[Sample], float]:
-    """`concurrency` clients back to back until duration_s has passed; (samples, seconds to the last answer)."""
-    start = time.perf_counter()
-    stop = start + duration_s
+async def open_loop(send: Send, rate: float, window_start: float, window_end: float) -> list[Sample]:
+    """Requests due every 1/rate s from now (the warm-up) through the window, and on until each one due in it is done.
+
+    The schedule counts from the window's start, so the window holds
+    ceil(rate * duration) requests and the warm-up round(rate * warm-up).
+    Returns every request's sample, the warm-up's and ramp-down's included.
+    """
+    tasks: list[asyncio.Task[Sample]] = []
+    unfinished: set[asyncio.Task[Sample]] = set()  # of the requests due in the window
+    for step in itertools.count(-round((window_start - time.perf_counter()) * rate)):
+        due = window_start + step / rate
+        await sleep_until(due)
+        if due >= window_end and not unfinished:
+            break
+        task = asyncio.create_task(send(due))
+        tasks.append(task)
+        if window_start <= due < window_end:
+            unfinished.add(task)
+            task.add_done_callback(unfinished.discard)
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(send: Send, concurrency: int, stop: float) -> list[Sample]:
+    """`concurrency` clients back to back from now (warm-up, then the window) until `stop`; each waits for its last."""
     samples: list[Sample] = []
 
     async def client() -> None:
-        while time.perf_counter() < stop:
-            samples.append(await send(time.perf_counter()))
+        while (sent := time.perf_counter()) < stop:
+            samples.append(await send(sent))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return samples, time.perf_counter() - start
+    return samples
+
+
+async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
+    """CPU use between snapshots taken at the window's start and end, under load (each reads /proc for a few ms)."""
+    await sleep_until(window_start)
+    before = cpuuse.snapshot()
+    await sleep_until(window_end)
+    return cpuuse.usage(before, cpuuse.snapshot())
 
 
 async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
-    """One load run against `bases` (taken in turn); the report for it."""
+    """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
     payload: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "ignore_eos": True}
     if args.endpoint == "chat":
         payload["messages"] = [{"role": "user", "content": PROMPT}]
@@ -252,24 +306,25 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
     targets = [Target(base.rstrip("/") + PATHS[args.endpoint], body, headers, per_target) for base in bases]
     send = sender(targets)
     shown = " ".join(bases)
+    window_start = time.perf_counter() + args.warmup
+    window_end = window_start + args.duration
     try:
-        if args.warmup > 0:  # connections opened, caches warm; not counted
-            await closed_loop(send, min(connections, 8), args.warmup)
-        before = cpuuse.snapshot() if args.cpu else None
-        if args.rate:
-            samples, elapsed_s = await open_loop(send, args.rate, args.duration)
-            report = summarize(label, shown, "rate", args.rate, samples, elapsed_s)
-        else:
-            samples, elapsed_s = await closed_loop(send, args.concurrency, args.duration)
-            report = summarize(label, shown, "concurrency", args.concurrency, samples, elapsed_s)
-        if before is not None:
-            used = cpuuse.usage(before, cpuuse.snapshot())
-            report.cpu_ms_per_request = used.per_request_ms(report.ok)
-            report.cores_busy, report.cores = used.cores_busy, used.cores
-        return report
+        async with asyncio.TaskGroup() as group:
+            cpu = group.create_task(cpu_use(window_start, window_end)) if args.cpu else None
+            if args.rate:
+                samples = await open_loop(send, args.rate, window_start, window_end)
+            else:
+                samples = await closed_loop(send, args.concurrency, window_end)
     finally:
         for target in targets:
             target.close()
+    mode, load = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency)
+    report = summarize(label, shown, mode, load, samples, window_start, window_end)
+    if cpu is not None:
+        used = cpu.result()
+        report.cpu_ms_per_request = used.per_request_ms(report.answers_in_window)
+        report.cores_busy, report.cores = used.cores_busy, used.cores
+    return report
 
 
 def read_token(path: str | None) -> dict[str, str]:
@@ -287,7 +342,9 @@ def read_token(path: str | None) -> dict[str, str]:
 
 def verdict(report: Report, target_rps: float, target_p95_ms: float) -> dict[str, bool]:
     return {
-        "throughput": report.throughput_rps >= target_rps * 0.99,  # a 30 s window ends on a partial second
+        # Answers are counted whole, and those near the window's edges fall in or out of it by
+        # a little jitter: 1% of slack, so a server that keeps up exactly is not reported short.
+        "throughput": report.throughput_rps >= target_rps * 0.99,
         "p95": report.ok > 0 and report.p95_ms < target_p95_ms,
         "errors": not report.errors,
     }
@@ -315,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
         raise LlmfleetError("--rate must be above 0 and --concurrency at least 1")
     if args.duration <= 0:
         raise LlmfleetError("--duration must be above 0 seconds")
+    if args.warmup < 0:
+        raise LlmfleetError("--warmup must be 0 seconds or more")
     if args.cpu and not (cpuuse.PROC / "stat").is_file():
         raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
     headers = read_token(args.token_file)
@@ -368,8 +427,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: requests started per second")
     load.add_argument("--concurrency", type=int, help="closed loop: clients sending back to back")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of measured load (default 30)")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured load first (default 3)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        help="seconds of the measured window (default 30): latency and errors of the requests due or sent in it,"
+        " throughput of the answers that arrive in it",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=3.0,
+        help="seconds of the same load before the window, not measured (default 3)",
+    )
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--endpoint", choices=sorted(PATHS), default="chat", help="API to call (default chat)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default 16)")
@@ -385,7 +455,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--cpu",
         action="store_true",
-        help="also report CPU ms per answered request by part of the stack on this machine, and busy cores",
+        help="also report CPU ms per answer in the window by part of the stack on this machine, and busy cores",
     )
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")

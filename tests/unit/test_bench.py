@@ -1,15 +1,31 @@
-"""`llmfleet bench`: the arithmetic of its report and its refusals (its load runs in tests/integration)."""
+"""`llmfleet bench`: its load schedules and report arithmetic against fake servers, and its refusals.
+
+Its load against the real stack runs in tests/integration.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from llmfleet import cpuuse
-from llmfleet.bench import Sample, _read_response, closed_loop, describe, open_loop, percentile, summarize, verdict
+from llmfleet.bench import (
+    Sample,
+    Send,
+    _read_response,
+    closed_loop,
+    cpu_use,
+    describe,
+    open_loop,
+    percentile,
+    summarize,
+    verdict,
+)
 from llmfleet.cli import main
 
 
@@ -20,36 +36,93 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 50) == 0.0
 
 
-def test_summary_counts_answers_only_and_names_each_error() -> None:
-    samples = [Sample(0.010 * n, "ok", 16) for n in range(1, 9)] + [Sample(0.5, "429"), Sample(1.0, "ConnectError")]
-    report = summarize("gateway", "http://127.0.0.1:1", "rate", 10, samples, elapsed_s=2.0)
-    assert (report.requests, report.ok) == (10, 8)
+def test_latency_counts_requests_due_in_the_window_and_throughput_the_answers_arriving_in_it() -> None:
+    samples = [
+        Sample(9.0, 9.5, "ok", 16),  # due and answered in the warm-up: nowhere
+        Sample(9.5, 10.5, "ok", 16),  # due in the warm-up, answered in the window: throughput only
+        Sample(10.0, 10.1, "ok", 16),
+        Sample(11.0, 11.3, "ok", 16),
+        Sample(11.5, 12.5, "ok", 16),  # due in the window, answered after it: latency only
+        Sample(11.8, 11.9, "429"),
+        Sample(11.9, 12.0, "ConnectError"),
+        Sample(12.0, 12.1, "ok", 16),  # due at the window's end: ramp-down, nowhere
+    ]
+    report = summarize("gateway", "http://127.0.0.1:1", "rate", 2, samples, window_start=10.0, window_end=12.0)
+    assert (report.duration_s, report.requests, report.ok) == (2.0, 5, 3)
     assert report.errors == {"429": 1, "ConnectError": 1}
-    assert report.throughput_rps == 4.0
-    assert report.completion_tokens_per_s == 64.0
-    assert (report.p50_ms, report.max_ms) == (40.0, 80.0)
+    assert (report.p50_ms, report.max_ms) == (300.0, 1000.0)
+    assert report.completion_tokens == 48
+    assert (report.answers_in_window, report.throughput_rps, report.completion_tokens_per_s) == (3, 1.5, 24.0)
+
+
+def _steady(rate: float, latency_s: float, first: float, last: float) -> list[Sample]:
+    """Samples of a server answering every request `latency_s` after it was due, due every 1/rate from first to last."""
+    steps = range(round(first * rate), round(last * rate))
+    return [Sample(step / rate, step / rate + latency_s, "ok", 16) for step in steps]
 
 
 def test_verdict_names_what_missed() -> None:
-    samples = [Sample(0.9, "ok", 16)] * 99 + [Sample(0.1, "500")]
-    report = summarize("gateway", "u", "rate", 100, samples, elapsed_s=1.0)
+    # 100 req/s kept up with, answered 905 ms after each is due; one request due in the window fails.
+    samples = [s if s.due != 0.5 else Sample(0.5, 0.6, "500") for s in _steady(100, 0.905, -1.0, 2.0)]
+    report = summarize("gateway", "u", "rate", 100, samples, window_start=0.0, window_end=1.0)
+    assert report.throughput_rps == 100.0
     assert verdict(report, target_rps=100, target_p95_ms=800) == {"throughput": True, "p95": False, "errors": False}
 
 
-def test_open_loop_starts_rate_times_duration_requests_on_schedule() -> None:
-    due_times: list[float] = []
+def _open_loop(send: Send, rate: float, warmup_s: float, duration_s: float) -> tuple[list[Sample], float, float]:
+    async def load() -> tuple[list[Sample], float, float]:
+        window_start = time.perf_counter() + warmup_s
+        window_end = window_start + duration_s
+        return await open_loop(send, rate, window_start, window_end), window_start, window_end
+
+    return asyncio.run(load())
+
+
+def _fake_server(latency_of: Callable[[int], float]) -> Send:
+    """A send whose n-th request (from 0) is answered after latency_of(n) seconds."""
+    counter = itertools.count()
 
     async def send(due: float) -> Sample:
-        due_times.append(due)
-        return Sample(0.0, "ok")
+        await asyncio.sleep(latency_of(next(counter)))
+        return Sample(due, time.perf_counter(), "ok", 16)
 
-    samples, _elapsed = asyncio.run(open_loop(send, rate=200, duration_s=0.1))
-    assert len(samples) == 20
+    return send
+
+
+def test_open_loop_keeps_its_rate_from_the_warm_up_through_the_window() -> None:
+    samples, window_start, window_end = _open_loop(_fake_server(lambda _n: 0.0), rate=200, warmup_s=0.1, duration_s=0.1)
+    due_times = sorted(sample.due for sample in samples)
     gaps = {round(b - a, 6) for a, b in itertools.pairwise(due_times)}
     assert gaps == {0.005}, "requests are due every 1/rate seconds, whatever the answers do"
+    assert 19 <= sum(due < window_start for due in due_times) <= 21, "the warm-up runs at the window's rate"
+    assert sum(window_start <= due < window_end for due in due_times) == 20
 
 
-def test_closed_loop_keeps_every_client_busy_until_the_end() -> None:
+def test_a_server_that_keeps_up_is_reported_at_the_offered_rate_whatever_its_latency() -> None:
+    samples, window_start, window_end = _open_loop(
+        _fake_server(lambda _n: 0.05), rate=200, warmup_s=0.1, duration_s=0.3
+    )
+    report = summarize("fake", "u", "rate", 200, samples, window_start, window_end)
+    assert report.ok == report.requests == 60
+    assert report.p50_ms >= 50
+    # Counted from the first start to the last answer it would be 60 / 0.35 s = 171 req/s.
+    assert report.throughput_rps == pytest.approx(200, abs=10)
+    assert report.completion_tokens_per_s == pytest.approx(200 * 16, abs=160)
+    assert any(sample.due >= window_end for sample in samples), "the load goes on while the window's are answered"
+
+
+def test_a_server_that_falls_behind_is_reported_below_the_offered_rate() -> None:
+    # Each request waits 2 ms longer than the one before: answers come every 5 + 2 ms, 143 a second.
+    samples, window_start, window_end = _open_loop(
+        _fake_server(lambda n: 0.002 * n), rate=200, warmup_s=0.05, duration_s=0.2
+    )
+    report = summarize("fake", "u", "rate", 200, samples, window_start, window_end)
+    assert report.ok == report.requests == 40, "every request due in the window is waited for"
+    assert report.throughput_rps < 200 * 0.8
+    assert not verdict(report, target_rps=200, target_p95_ms=1000)["throughput"]
+
+
+def test_closed_loop_keeps_every_client_busy_until_the_window_ends() -> None:
     in_flight = 0
     most = 0
 
@@ -57,13 +130,43 @@ def test_closed_loop_keeps_every_client_busy_until_the_end() -> None:
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
         in_flight -= 1
-        return Sample(0.001, "ok")
+        return Sample(due, time.perf_counter(), "ok")
 
-    samples, _elapsed = asyncio.run(closed_loop(send, concurrency=4, duration_s=0.05))
+    async def load() -> tuple[list[Sample], float, float]:
+        window_start = time.perf_counter() + 0.05
+        window_end = window_start + 0.1
+        return await closed_loop(send, 4, window_end), window_start, window_end
+
+    samples, window_start, window_end = asyncio.run(load())
     assert most == 4
-    assert len(samples) >= 4
+    assert any(sample.due < window_start for sample in samples), "the clients warm up first"
+    assert all(sample.due < window_end for sample in samples), "no request is sent after the window"
+    report = summarize("fake", "u", "concurrency", 4, samples, window_start, window_end)
+    assert report.ok == report.requests > 0
+    # 4 clients, 10 ms (or a little more) a request: at most 400 answers a second.
+    assert 0 < report.throughput_rps <= 400 * 1.1
+
+
+def test_cpu_snapshots_are_taken_at_the_window_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[float] = []
+
+    def snapshot() -> cpuuse.Snapshot:
+        taken.append(time.perf_counter())
+        return cpuuse.Snapshot({}, busy_s=0.0, total_s=taken[-1], cores=2)
+
+    monkeypatch.setattr(cpuuse, "snapshot", snapshot)
+
+    async def window() -> tuple[float, float]:
+        window_start = time.perf_counter() + 0.05
+        window_end = window_start + 0.1
+        await cpu_use(window_start, window_end)
+        return window_start, window_end
+
+    window_start, window_end = asyncio.run(window())
+    assert taken[0] == pytest.approx(window_start, abs=0.02)
+    assert taken[1] == pytest.approx(window_end, abs=0.02)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +175,7 @@ def test_closed_loop_keeps_every_client_busy_until_the_end() -> None:
         (["--url", "http://127.0.0.1:1"], "give one of --rate"),
         (["--url", "http://127.0.0.1:1", "--rate", "0"], "--rate must be above 0"),
         (["--url", "http://127.0.0.1:1", "--concurrency", "2", "--duration", "0"], "--duration must be above 0"),
+        (["--url", "http://127.0.0.1:1", "--rate", "1", "--warmup", "-1"], "--warmup must be 0 seconds or more"),
         (["--url", "http://127.0.0.1:1", "--rate", "1", "--token-file", "/nonexistent/t"], "cannot read"),
     ],
 )
@@ -110,7 +214,7 @@ def test_responses_are_read_by_length_or_in_chunks() -> None:
 
 
 def test_the_cpu_line_appears_only_with_cpu_figures() -> None:
-    report = summarize("gateway", "u", "rate", 100, [Sample(0.2, "ok", 16)] * 10, elapsed_s=0.1)
+    report = summarize("gateway", "u", "rate", 100, _steady(100, 0.2, -1.0, 1.0), window_start=0.0, window_end=0.1)
     assert "\n" not in describe(report)
     report.cpu_ms_per_request = {"gateway": 1.61, "engine core": 10.04}
     report.cores_busy, report.cores = 1.93, 2
