@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError, ResponseError
@@ -33,7 +33,7 @@ from llmfleet.queue import registry
 from llmfleet.queue.consumer import Consumer, Entry
 from llmfleet.queue.jobs import Job, Result, error_body, now_ms
 from llmfleet.worker.config import WorkerSettings
-from llmfleet.worker.engine import EngineCaller, Fenced
+from llmfleet.worker.engine import EngineCaller, Fenced, engine_session
 from llmfleet.worker.metrics import WorkerMetrics
 from llmfleet.worker.pool import EnginePool
 
@@ -67,7 +67,7 @@ class Worker:
         self._http_server: asyncio.Server | None = None
         self.client: aioredis.Redis | None = None
         self.blocking: aioredis.Redis | None = None
-        self.http: httpx.AsyncClient | None = None
+        self.http: aiohttp.ClientSession | None = None
 
     # -- start and stop -------------------------------------------------------
 
@@ -76,14 +76,7 @@ class Worker:
         self.client = settings.redis.client(name=self.id)
         self.blocking = settings.redis.client(blocking_s=settings.block_ms / 1000, name=f"{self.id}-read")
         self.consumer = Consumer(self.client, self.blocking, settings.queue, self.id)
-        # Engines are on the operator's network: never through a proxy from the environment.
-        self.http = httpx.AsyncClient(
-            trust_env=False,
-            timeout=httpx.Timeout(settings.queue.request_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=settings.concurrency * 2, max_keepalive_connections=settings.concurrency
-            ),
-        )
+        self.http = engine_session(settings.concurrency, settings.connect_timeout_s, settings.queue.request_timeout_s)
         self.pool = EnginePool(
             settings.engines,
             self.http,
@@ -164,7 +157,7 @@ class Worker:
         if self._http_server is not None:
             self._http_server.close()
         if self.http is not None:
-            await self.http.aclose()
+            await self.http.close()
         for client in (self.client, self.blocking):
             if client is not None:
                 await client.aclose()

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from redis.exceptions import RedisError
 
 from llmfleet.queue.consumer import Consumer
@@ -33,6 +33,26 @@ from llmfleet.worker.metrics import WorkerMetrics
 from llmfleet.worker.pool import Engine, EnginePool
 
 log = logging.getLogger(__name__)
+
+# The longest line an engine's event stream may send: aiohttp refuses a line
+# over twice its read buffer. A chunk with logprobs runs to a few KiB.
+READ_BUFFER_BYTES = 1 << 20
+
+
+def engine_session(connections: int, connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
+    """The HTTP client for engines: keep-alive connections for `connections` requests at once.
+
+    aiohttp rather than httpx: on the 2-core lab machine httpx cost the worker
+    about 1.3 ms of CPU a request against 0.06 ms (loopback, uvloop). Engines are
+    on the operator's network: the session never takes a proxy from the
+    environment (trust_env stays off).
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections * 2, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s),
+        read_bufsize=READ_BUFFER_BYTES,
+        trust_env=False,
+    )
 
 
 class EngineFailure(Exception):
@@ -161,7 +181,7 @@ class ChunkRelay:
 @dataclass
 class EngineCaller:
     pool: EnginePool
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession
     consumer: Consumer
     metrics: WorkerMetrics
     worker_id: str
@@ -205,11 +225,11 @@ class EngineCaller:
                         result = await call(engine)
                 self.pool.succeeded(engine)
                 return result
+            except aiohttp.ServerTimeoutError as error:  # a TimeoutError as well: caught first
+                last = EngineFailure("timeout", f"engine {engine.url} timed out ({type(error).__name__})", 504)
             except TimeoutError:
                 last = EngineFailure("timeout", f"engine {engine.url} did not finish within {timeout_s:.1f} s", 504)
-            except httpx.TimeoutException as error:
-                last = EngineFailure("timeout", f"engine {engine.url} timed out ({type(error).__name__})", 504)
-            except httpx.TransportError as error:
+            except aiohttp.ClientError as error:
                 last = EngineFailure("connect", f"engine {engine.url} unreachable ({type(error).__name__})", 502)
             except EngineFailure as failure:
                 last = failure
@@ -229,19 +249,15 @@ class EngineCaller:
         return f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}"
 
     async def _plain_call(self, engine: Engine, job: Job, attempt: int) -> Result:
-        response = await self.http.post(f"{engine.url}{job.endpoint}", json=job.payload)
-        if response.status_code >= 500:
-            raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status_code}", 502)
-        if response.status_code != 200:
+        async with self.http.post(f"{engine.url}{job.endpoint}", json=job.payload) as response:
+            status, content = response.status, await response.read()
+        if status >= 500:
+            raise EngineFailure("engine_5xx", f"engine {engine.url} answered {status}", 502)
+        if status != 200:
             self.metrics.errors.labels("engine_4xx").inc()
-            return Result(
-                response.status_code,
-                normalize_error(response.status_code, response.content),
-                attempt=attempt,
-                worker=self.worker_id,
-            )
+            return Result(status, normalize_error(status, content), attempt=attempt, worker=self.worker_id)
         try:
-            body = response.json()
+            body = json.loads(content)
         except ValueError:
             raise EngineFailure(
                 "engine_5xx", f"engine {engine.url} answered 200 with a body that is not JSON"
@@ -326,31 +342,31 @@ class EngineCaller:
             state.finish_reason = state.finish_reason or "length"
             return Result(200, {}, attempt=attempt, worker=self.worker_id)
         fresh = not state.text
-        async with self.http.stream("POST", f"{engine.url}{job.endpoint}", json=payload) as response:
-            if response.status_code >= 500:
-                raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status_code}", 502)
-            if response.status_code != 200:
-                content = await response.aread()
+        async with self.http.post(f"{engine.url}{job.endpoint}", json=payload) as response:
+            if response.status >= 500:
+                raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status}", 502)
+            if response.status != 200:
+                content = await response.read()
                 self.metrics.errors.labels("engine_4xx").inc()
                 if state.text:
                     raise EngineFailure(
                         "engine_4xx",
-                        f"engine {engine.url} refused to continue the stream ({response.status_code})",
+                        f"engine {engine.url} refused to continue the stream ({response.status})",
                         502,
                         retryable=False,
                     )
                 return Result(
-                    response.status_code,
-                    normalize_error(response.status_code, content),
+                    response.status,
+                    normalize_error(response.status, content),
                     attempt=attempt,
                     worker=self.worker_id,
                 )
             generated = 0  # this call's completion tokens so far, as the engine counts them
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in response.content:  # lines, each with its b"\n"
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:

