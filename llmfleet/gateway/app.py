@@ -37,6 +37,9 @@ Redis queue drained by workers. Send `Authorization: Bearer <JWT>`. Add `Prefer:
 to queue a request as a task and read it from `/v1/tasks/{id}`."""
 
 
+ROUTERS = (chat.router, completions.router, models.router, tasks.router, health.router)
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     verifier = Verifier(settings)
     loaded = {name: load_model(name, path, settings.max_model_len.get(name)) for name, path in settings.models.items()}
@@ -89,7 +92,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    for router in (chat.router, completions.router, models.router, tasks.router, health.router):
+    for router in ROUTERS:
         app.include_router(router)
     # Added last = outermost: Metrics sees the 413s BodyLimit answers.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
