@@ -62,6 +62,10 @@ PROMPT = "Write one line about the sea."
 # A request not answered this long after it was sent counts as timed out. It
 # also bounds the open loop's ramp-down, which waits for the window's requests.
 REQUEST_TIMEOUT_S = 60.0
+# Idle keep-alive connections older than this are closed, not reused: servers
+# close theirs after a few seconds (uvicorn: 5 s), and a request sent as the
+# server closes meets a reset.
+IDLE_REUSE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -171,18 +175,20 @@ class Target:
         head += [f"{name}: {value}" for name, value in headers.items()]
         head.append(f"Content-Length: {len(body)}")
         self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []  # (since, ...), newest last
         self.slots = asyncio.Semaphore(max_connections)
 
     async def post(self) -> tuple[int, bytes]:
         async with self.slots:
-            if self.idle:
+            while self.idle:
+                since, reader, writer = self.idle.pop()
+                if time.monotonic() - since > IDLE_REUSE_S:
+                    writer.close()
+                    continue
                 try:
-                    return await self._exchange(*self.idle.pop())
-                except asyncio.IncompleteReadError as error:
-                    if error.partial:
-                        raise
-                    # The server closed the idle connection (its keep-alive timeout): a new one.
+                    return await self._exchange(reader, writer)
+                except ClosedBeforeAnswer:
+                    break  # the server closed it as we sent (its keep-alive timeout): a new one
             return await self._exchange(*await asyncio.open_connection(self.host, self.port))
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
@@ -193,20 +199,30 @@ class Target:
             writer.close()
             raise
         if keep:
-            self.idle.append((reader, writer))
+            self.idle.append((time.monotonic(), reader, writer))
         else:
             writer.close()
         return status, body
 
     def close(self) -> None:
-        for _reader, writer in self.idle:
+        for _since, _reader, writer in self.idle:
             writer.close()
         self.idle.clear()
 
 
+class ClosedBeforeAnswer(ConnectionError):
+    """The connection ended before a response's head: the server did not answer the request."""
+
+
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
     """(status, body, keep-alive) of one HTTP/1.1 response."""
-    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as error:
+        raise ClosedBeforeAnswer(f"connection closed after {len(error.partial)} bytes of a response head") from error
+    except (ConnectionResetError, BrokenPipeError) as error:
+        raise ClosedBeforeAnswer(f"connection reset before a response head ({error})") from error
+    head = raw.decode("latin-1").split("\r\n")
     status = int(head[0].split(" ", 2)[1])
     fields = {}
     for line in head[1:]:

@@ -6,7 +6,10 @@ Its load against the real stack runs in tests/integration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import socket
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +18,10 @@ import pytest
 
 from llmfleet import cpuuse
 from llmfleet.bench import (
+    ClosedBeforeAnswer,
     Sample,
     Send,
+    Target,
     _read_response,
     closed_loop,
     cpu_use,
@@ -211,6 +216,77 @@ def test_responses_are_read_by_length_or_in_chunks() -> None:
     chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     chunked += b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\n\r\n"
     assert _parse(chunked) == (429, b"abcdefg", False)
+
+
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def _serve(answers_per_connection: int) -> tuple[asyncio.Server, list[int]]:
+    """A loopback server that answers this many requests on a connection, then drops the next one.
+
+    It resets the connection (SO_LINGER 0) as the next request arrives, as when a
+    request meets a server's keep-alive timeout. Returns the server and a list
+    that counts the connections it accepted.
+    """
+    accepted: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            for _ in range(answers_per_connection):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(ANSWER)
+            await reader.read(1)  # the next request has arrived
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), accepted
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_not_counted_as_an_error() -> None:
+    async def main() -> tuple[list[tuple[int, bytes]], int]:
+        server, accepted = await _serve(answers_per_connection=1)
+        port = server.sockets[0].getsockname()[1]
+        target = Target(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}", {}, max_connections=1)
+        async with server:
+            answers = [await target.post() for _ in range(3)]
+        target.close()
+        return answers, len(accepted)
+
+    answers, connections = asyncio.run(main())
+    assert answers == [(200, b"{}")] * 3
+    assert connections == 3
+
+
+def test_a_new_connection_closed_before_an_answer_is_an_error() -> None:
+    async def main() -> None:
+        server, _accepted = await _serve(answers_per_connection=0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}", {}, max_connections=1)
+        async with server:
+            with pytest.raises(ClosedBeforeAnswer):
+                await target.post()
+
+    asyncio.run(main())
+
+
+def test_idle_connections_past_their_age_are_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> int:
+        server, accepted = await _serve(answers_per_connection=5)
+        port = server.sockets[0].getsockname()[1]
+        target = Target(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}", {}, max_connections=1)
+        async with server:
+            await target.post()
+            await target.post()  # reused: still young
+            monkeypatch.setattr("llmfleet.bench.IDLE_REUSE_S", 0.0)
+            await asyncio.sleep(0.01)
+            await target.post()  # the kept one is too old: a new connection
+        target.close()
+        return len(accepted)
+
+    assert asyncio.run(main()) == 2
 
 
 def test_the_cpu_line_appears_only_with_cpu_figures() -> None:
