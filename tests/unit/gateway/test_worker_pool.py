@@ -225,51 +225,47 @@ def call_answers(set_up: Callable[[FakeEngines], Awaitable[None]]) -> tuple[int,
     return asyncio.run(main())
 
 
-def test_a_5xx_is_retried_on_the_other_engine() -> None:
-    async def first_fails(fakes: FakeEngines) -> None:
-        fakes.chat[fakes.urls[0]] = 500
-
-    status, body, reasons, calls = call_answers(first_fails)
-    assert (status, body["choices"][0]["message"]["content"], body["id"]) == (200, "hi", "chatcmpl-r1")
-    assert (reasons, calls) == ("engine_5xx", [1, 1])
+async def first_answers_500(fakes: FakeEngines) -> None:
+    fakes.chat[fakes.urls[0]] = 500
 
 
-def test_an_engine_gone_is_a_connect_error_and_the_other_answers() -> None:
-    async def first_gone(fakes: FakeEngines) -> None:
-        await fakes.stop(0)
-
-    status, body, reasons, calls = call_answers(first_gone)
-    assert (status, body["choices"][0]["message"]["content"]) == (200, "hi")
-    assert (reasons, calls) == ("connect", [0, 1])
+async def first_is_gone(fakes: FakeEngines) -> None:
+    await fakes.stop(0)
 
 
-def test_a_stalled_engine_times_out_and_the_other_answers() -> None:
-    async def first_stalls(fakes: FakeEngines) -> None:
-        fakes.stall_s[fakes.urls[0]] = 5.0
-
-    status, body, reasons, calls = call_answers(first_stalls)
-    assert (status, body["choices"][0]["message"]["content"]) == (200, "hi")
-    assert (reasons, calls) == ("timeout", [1, 1])
+async def first_stalls(fakes: FakeEngines) -> None:
+    fakes.stall_s[fakes.urls[0]] = 5.0  # past the request timeout (0.3 s)
 
 
-def test_every_engine_failing_answers_502_with_the_reason() -> None:
-    async def all_fail(fakes: FakeEngines) -> None:
-        for url in fakes.urls:
-            fakes.chat[url] = 503
-
-    status, body, reasons, calls = call_answers(all_fail)
-    assert status == 502 and "answered 503" in body["error"]["message"], body
-    assert (reasons, calls) == ("engine_5xx", [1, 1])
+async def all_answer_503(fakes: FakeEngines) -> None:
+    for url in fakes.urls:
+        fakes.chat[url] = 503
 
 
-def test_a_4xx_is_the_answer_not_retried() -> None:
-    async def all_refuse(fakes: FakeEngines) -> None:
-        for url in fakes.urls:
-            fakes.chat[url] = 400
+async def all_answer_400(fakes: FakeEngines) -> None:
+    for url in fakes.urls:
+        fakes.chat[url] = 400
 
-    status, body, reasons, calls = call_answers(all_refuse)
-    assert status == 400 and body["error"]["message"] == "boom", body
-    assert (reasons, calls) == ("engine_4xx", [1, 0])
+
+@pytest.mark.parametrize(
+    ("set_up", "status", "text", "reasons", "calls"),
+    [
+        pytest.param(first_answers_500, 200, "hi", "engine_5xx", [1, 1], id="5xx-retried-on-the-other"),
+        pytest.param(first_is_gone, 200, "hi", "connect", [0, 1], id="refused-retried-on-the-other"),
+        pytest.param(first_stalls, 200, "hi", "timeout", [1, 1], id="stall-times-out-the-other-answers"),
+        pytest.param(all_answer_503, 502, "answered 503", "engine_5xx", [1, 1], id="all-fail-502-with-the-reason"),
+        pytest.param(all_answer_400, 400, "boom", "engine_4xx", [1, 0], id="4xx-is-the-answer-not-retried"),
+    ],
+)
+def test_engine_faults_are_retried_within_the_budget_or_answered(
+    set_up: Callable[[FakeEngines], Awaitable[None]], status: int, text: str, reasons: str, calls: list[int]
+) -> None:
+    got_status, body, got_reasons, got_calls = call_answers(set_up)
+    assert (got_status, got_reasons, got_calls) == (status, reasons, calls), body
+    if status == 200:
+        assert (body["choices"][0]["message"]["content"], body["id"]) == (text, "chatcmpl-r1")
+    else:
+        assert text in body["error"]["message"]
 
 
 def test_a_continuation_carries_on_from_the_text_already_sent() -> None:
