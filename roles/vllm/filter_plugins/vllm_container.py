@@ -15,12 +15,17 @@ from ansible.errors import AnsibleFilterError
 def vllm_container_env(
     engine: Mapping[str, Any], base: Mapping[str, Any], token_path: str = "", offline: bool = True
 ) -> dict[str, str]:
-    """The engine's environment: base, then offline, GPU and token settings, then the engine's own.
+    """The engine's environment: base, then offline, GPU, CPU and token settings, then the engine's own.
 
     GPUs: NVIDIA_VISIBLE_DEVICES names the host's GPUs (what the runtime
     exposes); inside, CUDA renumbers them from 0 in that order, so
     CUDA_VISIBLE_DEVICES is 0..n-1, and PCI bus order makes CUDA's numbering
     match nvidia-smi's. The token appears as a path, never as its value.
+
+    A CPU engine (no GPUs) that asks for the in-process executor
+    (--distributed-executor-backend uni) gets VLLM_ENABLE_V1_MULTIPROCESSING=0:
+    without it vLLM-CPU silently swaps in its multiprocess executor, whose model
+    process busy-waits between steps (vLLM 0.32, platforms/cpu.py).
     """
     gpus = [str(int(gpu)) for gpu in engine.get("gpus") or []]
     env: dict[str, Any] = dict(base)
@@ -32,6 +37,8 @@ def vllm_container_env(
             CUDA_VISIBLE_DEVICES=",".join(str(index) for index in range(len(gpus))),
             CUDA_DEVICE_ORDER="PCI_BUS_ID",
         )
+    if not gpus and _in_process_executor(engine.get("argv") or []):
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if token_path:
         env["HF_TOKEN_PATH"] = token_path
     own = engine.get("env") or {}
@@ -45,6 +52,17 @@ def vllm_container_env(
         )
     env.update(own)
     return {str(key): str(value) for key, value in env.items()}
+
+
+def _in_process_executor(argv: Sequence[str]) -> bool:
+    """Whether argv (the last word wins, as in argparse) chooses the `uni` executor."""
+    chosen = None
+    for index, word in enumerate(argv):
+        if word == "--distributed-executor-backend" and index + 1 < len(argv):
+            chosen = argv[index + 1]
+        elif word.startswith("--distributed-executor-backend="):
+            chosen = word.partition("=")[2]
+    return chosen == "uni"
 
 
 def _bind(source: str, target: str) -> dict[str, Any]:

@@ -42,6 +42,29 @@ def test_cpu_engine_gets_no_gpu_variables() -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("argv", "gpus", "expected"),
+    [
+        (["--distributed-executor-backend", "uni"], [], "0"),
+        (["--distributed-executor-backend=uni"], [], "0"),
+        (["--distributed-executor-backend", "uni", "--distributed-executor-backend", "mp"], [], None),
+        (["--distributed-executor-backend", "mp"], [], None),
+        ([], [], None),
+        (["--distributed-executor-backend", "uni"], [0], None),  # GPU engines honour uni as it is
+    ],
+)
+def test_a_cpu_engine_asking_for_uni_gets_multiprocessing_off(
+    argv: list[str], gpus: list[int], expected: str | None
+) -> None:
+    env = FILTERS.vllm_container_env(_engine(argv=argv, gpus=gpus), BASE)
+    assert env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected
+
+
+def test_the_engines_own_multiprocessing_setting_wins() -> None:
+    engine = _engine(argv=["--distributed-executor-backend", "uni"], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert FILTERS.vllm_container_env(engine, BASE)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
 def test_token_appears_as_a_path_only() -> None:
     env = FILTERS.vllm_container_env(_engine(), BASE, "/run/secrets/hf_token", offline=False)
     assert env["HF_TOKEN_PATH"] == "/run/secrets/hf_token"
