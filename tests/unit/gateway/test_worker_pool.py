@@ -33,7 +33,8 @@ class FakeEngines:
         self.urls: list[str] = []
         self.health: dict[str, int] = {}
         self.chat: dict[str, int] = {}
-        self.stall_s: dict[str, float] = {}
+        self.stalled: set[str] = set()  # these hold every chat request until the engines are stopped
+        self.release = asyncio.Event()
         self.calls: dict[str, int] = {}
         self.runners: list[web.AppRunner] = []
 
@@ -50,7 +51,8 @@ class FakeEngines:
 
         async def chat(_request: web.Request) -> web.Response:
             self.calls[url()] += 1
-            await asyncio.sleep(self.stall_s[url()])
+            if url() in self.stalled:
+                await self.release.wait()
             status = self.chat[url()]
             return web.json_response(ANSWER if status == 200 else {"error": {"message": "boom"}}, status=status)
 
@@ -74,9 +76,10 @@ async def fake_engines(count: int = 3) -> AsyncIterator[FakeEngines]:
             port = runner.addresses[0][1]
             url = f"http://127.0.0.1:{port}"
             engines.urls.append(url)
-            engines.health[url], engines.chat[url], engines.stall_s[url], engines.calls[url] = 200, 200, 0.0, 0
+            engines.health[url], engines.chat[url], engines.calls[url] = 200, 200, 0
         yield engines
     finally:
+        engines.release.set()
         for runner in engines.runners:
             await runner.cleanup()  # again for a stopped one: a no-op
 
@@ -163,7 +166,7 @@ def test_ejection_after_failures_and_readmission_only_after_the_ejection_time() 
     with_pool(test, eject_after=2, eject_s=0.2)
 
 
-def job(kind: str = "chat", *, stream: bool = True, **payload: Any) -> Job:
+def job(kind: str = "chat", *, stream: bool = True, deadline_s: float = 1.0, **payload: Any) -> Job:
     now = now_ms()
     body = {"model": "tiny", "max_tokens": 10, **payload}
     return Job(
@@ -179,8 +182,8 @@ def job(kind: str = "chat", *, stream: bool = True, **payload: Any) -> Job:
         prompt_tokens=5,
         max_tokens=10,
         enqueued_ms=now,
-        deadline_ms=now + 1000,
-        queue_deadline_ms=now + 1000,
+        deadline_ms=now + round(deadline_s * 1000),
+        queue_deadline_ms=now + round(deadline_s * 1000),
     )
 
 
@@ -194,7 +197,7 @@ def caller(pool: EnginePool | None = None, http: aiohttp.ClientSession | None = 
         worker_id="w",
         retries=1,
         retry_backoff_s=0,
-        request_timeout_s=0.3,
+        request_timeout_s=1.0,  # a healthy fake answers in milliseconds; a stalled one never
         health_interval_s=1,
     )
 
@@ -208,12 +211,14 @@ def call_answers(set_up: Callable[[FakeEngines], Awaitable[None]]) -> tuple[int,
     """
 
     async def main() -> tuple[int, dict[str, Any], str, list[int]]:
-        async with fake_engines(2) as fakes, engine_session(4, 1.0, 0.3) as http:
+        async with fake_engines(2) as fakes, engine_session(4, 1.0, 1.0) as http:
             pool = EnginePool(tuple(fakes.urls), http, WorkerMetrics())
             await pool.check_all()
             await set_up(fakes)
             engine_caller = caller(pool, http)
-            result = await engine_caller.run(job(stream=False, messages=[{"role": "user", "content": "hi"}]), 1, "", 0)
+            result = await engine_caller.run(
+                job(stream=False, deadline_s=30, messages=[{"role": "user", "content": "hi"}]), 1, "", 0
+            )
             reasons = [
                 sample.labels["reason"]
                 for metric in engine_caller.metrics.errors.collect()
@@ -234,7 +239,7 @@ async def first_is_gone(fakes: FakeEngines) -> None:
 
 
 async def first_stalls(fakes: FakeEngines) -> None:
-    fakes.stall_s[fakes.urls[0]] = 5.0  # past the request timeout (0.3 s)
+    fakes.stalled.add(fakes.urls[0])
 
 
 async def all_answer_503(fakes: FakeEngines) -> None:
