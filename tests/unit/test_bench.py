@@ -104,15 +104,14 @@ def test_open_loop_keeps_its_rate_from_the_warm_up_through_the_window() -> None:
 
 
 def test_a_server_that_keeps_up_is_reported_at_the_offered_rate_whatever_its_latency() -> None:
-    samples, window_start, window_end = _open_loop(
-        _fake_server(lambda _n: 0.05), rate=200, warmup_s=0.1, duration_s=0.3
-    )
+    samples, window_start, window_end = _open_loop(_fake_server(lambda _n: 0.1), rate=200, warmup_s=0.1, duration_s=0.3)
     report = summarize("fake", "u", "rate", 200, samples, window_start, window_end)
     assert report.ok == report.requests == 60
-    assert report.p50_ms >= 50
-    # Counted from the first start to the last answer it would be 60 / 0.35 s = 171 req/s.
-    assert report.throughput_rps == pytest.approx(200, abs=10)
-    assert report.completion_tokens_per_s == pytest.approx(200 * 16, abs=160)
+    assert report.p50_ms >= 100
+    # Counted from the first start to the last answer it would be 60 / 0.4 s = 150 req/s. The slack
+    # allows a 25 ms stall of a loaded machine at the window's edge.
+    assert report.throughput_rps == pytest.approx(200, abs=25)
+    assert report.completion_tokens_per_s == pytest.approx(200 * 16, abs=400)
     assert any(sample.due >= window_end for sample in samples), "the load goes on while the window's are answered"
 
 
