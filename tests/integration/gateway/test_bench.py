@@ -11,6 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.integration.gateway.gatewaystack import Stack
 from tests.tools import LLMFLEET
 
@@ -33,6 +35,10 @@ def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: 
         assert measured["requests"] > 0
         assert measured["ok"] == measured["requests"], measured["errors"]
         assert measured["completion_tokens"] == 8 * measured["ok"]
+        # Throughput is the answers that arrived in the window, per second of it.
+        assert measured["answers_in_window"] > 0
+        rate = measured["answers_in_window"] / measured["duration_s"]
+        assert measured["throughput_rps"] == pytest.approx(rate, abs=0.01)
         assert 0 < measured["p50_ms"] <= measured["p95_ms"] <= measured["p99_ms"] <= measured["max_ms"]
     assert report["throughput_ratio"] == round(gateway["throughput_rps"] / direct["throughput_rps"], 3)
     assert "gateway / direct:" in result.stdout
