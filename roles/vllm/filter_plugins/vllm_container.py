@@ -55,13 +55,16 @@ def vllm_container_env(
 
 
 def _in_process_executor(argv: Sequence[str]) -> bool:
-    """Whether argv (the last word wins, as in argparse) chooses the `uni` executor."""
+    """Whether argv (the last one wins, as in argparse) chooses the `uni` executor, however the flag is spelled."""
     chosen = None
     for index, word in enumerate(argv):
-        if word == "--distributed-executor-backend" and index + 1 < len(argv):
+        name, attached, value = word.partition("=")
+        if name.replace("_", "-") != "--distributed-executor-backend":
+            continue
+        if attached:
+            chosen = value
+        elif index + 1 < len(argv):
             chosen = argv[index + 1]
-        elif word.startswith("--distributed-executor-backend="):
-            chosen = word.partition("=")[2]
     return chosen == "uni"
 
 

@@ -47,6 +47,7 @@ def test_cpu_engine_gets_no_gpu_variables() -> None:
     [
         (["--distributed-executor-backend", "uni"], [], "0"),
         (["--distributed-executor-backend=uni"], [], "0"),
+        (["--distributed_executor_backend", "uni"], [], "0"),  # vLLM takes underscores too
         (["--distributed-executor-backend", "uni", "--distributed-executor-backend", "mp"], [], None),
         (["--distributed-executor-backend", "mp"], [], None),
         ([], [], None),
