@@ -38,43 +38,43 @@ class FakeEngines:
         self.calls: dict[str, int] = {}
         self.runners: list[web.AppRunner] = []
 
+    def app(self) -> web.Application:
+        """One engine's server; each handler tells the engines apart by the address it was called at."""
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
     async def stop(self, index: int) -> None:
-        """Take engine `index` down: nothing listens on its port any more."""
+        """Take engine `index` down, its open connections too: nothing listens on its port any more."""
         await self.runners[index].cleanup()
 
-    def app(self, url: Callable[[], str]) -> web.Application:
-        async def health(_request: web.Request) -> web.Response:
-            return web.Response(status=self.health[url()])
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health[f"http://{request.host}"])
 
-        async def models(_request: web.Request) -> web.Response:
-            return web.json_response({"data": [{"id": "tiny", "max_model_len": 2048}]})
+    async def _models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "tiny", "max_model_len": 2048}]})
 
-        async def chat(_request: web.Request) -> web.Response:
-            self.calls[url()] += 1
-            if url() in self.stalled:
-                await self.release.wait()
-            status = self.chat[url()]
-            return web.json_response(ANSWER if status == 200 else {"error": {"message": "boom"}}, status=status)
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/chat/completions", chat)
-        return app
+    async def _chat(self, request: web.Request) -> web.Response:
+        url = f"http://{request.host}"
+        self.calls[url] += 1
+        if url in self.stalled:
+            await self.release.wait()
+        status = self.chat[url]
+        return web.json_response(ANSWER if status == 200 else {"error": {"message": "boom"}}, status=status)
 
 
 @contextlib.asynccontextmanager
 async def fake_engines(count: int = 3) -> AsyncIterator[FakeEngines]:
     engines = FakeEngines()
     try:
-        for index in range(count):
-            runner = web.AppRunner(engines.app(lambda index=index: engines.urls[index]), access_log=None)
+        for _ in range(count):
+            runner = web.AppRunner(engines.app(), access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
             engines.runners.append(runner)
-            port = runner.addresses[0][1]
-            url = f"http://127.0.0.1:{port}"
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
             engines.urls.append(url)
             engines.health[url], engines.chat[url], engines.calls[url] = 200, 200, 0
         yield engines
