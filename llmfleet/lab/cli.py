@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmfleet import images, standins, wheelhouse
-from llmfleet.lab import hosts
+from llmfleet.build import images, wheelhouse
+from llmfleet.lab import hosts, standins
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
+from llmfleet.lab.tiny import make_tiny_model
 from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
-from llmfleet.model.tiny import make_tiny_model
 from llmfleet.paths import cache_dir
 
 

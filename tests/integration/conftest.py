@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import vllm_cpu
-from llmfleet.model.tiny import make_tiny_model
+from llmfleet.lab import vllm_cpu
+from llmfleet.lab.tiny import make_tiny_model
 from tests.tools import free_loopback_port
 
 # A known KV cache size, so tests can predict the engine's token capacity:

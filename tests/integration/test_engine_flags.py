@@ -13,9 +13,11 @@ import subprocess
 
 import pytest
 
-from llmfleet import engine, venvs, vllm_cpu
+from llmfleet.build import venvs
+from llmfleet.lab import vllm_cpu
 from llmfleet.module_utils import engine_args
 from llmfleet.module_utils.model_validation import LAB_ENGINE_VERSION
+from llmfleet.ops import engine
 
 pytestmark = pytest.mark.vllm
 

@@ -27,9 +27,10 @@ import numpy as np
 import pytest
 import requests
 
-from llmfleet import toolchain, vllm_cpu
-from llmfleet.model.tiny import read_safetensors_header
-from llmfleet.model.tiny_adapter import make_tiny_adapter
+from llmfleet.build import toolchain
+from llmfleet.lab import vllm_cpu
+from llmfleet.lab.tiny import read_safetensors_header
+from llmfleet.lab.tiny_adapter import make_tiny_adapter
 from llmfleet.module_utils import engine_args, model_validation
 from llmfleet.paths import REPO_ROOT
 from tests.tools import free_loopback_port

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from llmfleet import cli, venvs, vllm_cpu
+from llmfleet import cli
+from llmfleet.build import venvs
+from llmfleet.lab import vllm_cpu
 from llmfleet.module_utils import capacity_planner, model_validation
-from llmfleet.planner import model_facts
+from llmfleet.ops.planner import model_facts
 
 pytestmark = pytest.mark.vllm
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from llmfleet import vllm_cpu
 from llmfleet.errors import LlmfleetError
-from llmfleet.vllm_cpu import VllmServer
+from llmfleet.lab import vllm_cpu
+from llmfleet.lab.vllm_cpu import VllmServer
 
 TIMEOUT_S = 60
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import cpuuse
-from llmfleet.bench import (
+from llmfleet.bench import cpuuse
+from llmfleet.bench.loadgen import (
     ClosedBeforeAnswer,
     Sample,
     Send,
@@ -279,7 +279,7 @@ def test_idle_connections_past_their_age_are_not_reused(monkeypatch: pytest.Monk
         async with server:
             await target.post()
             await target.post()  # reused: still young
-            monkeypatch.setattr("llmfleet.bench.IDLE_REUSE_S", 0.0)
+            monkeypatch.setattr("llmfleet.bench.loadgen.IDLE_REUSE_S", 0.0)
             await asyncio.sleep(0.01)
             await target.post()  # the kept one is too old: a new connection
         target.close()

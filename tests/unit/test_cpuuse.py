@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import cpuuse
-from llmfleet.cpuuse import Snapshot, part_of, snapshot, usage
+from llmfleet.bench import cpuuse
+from llmfleet.bench.cpuuse import Snapshot, part_of, snapshot, usage
 
 TICKS = cpuuse.CLOCK_TICKS
 
@@ -18,7 +18,7 @@ TICKS = cpuuse.CLOCK_TICKS
     ("command", "part"),
     [
         ("/opt/llmfleet/bin/python3 /opt/llmfleet/bin/llmfleet gateway serve", "gateway"),
-        ("/usr/bin/python3 -m llmfleet.worker", "worker"),
+        ("/usr/bin/python3 -m llmfleet.serve.worker", "worker"),
         ("/usr/bin/redis-server 10.77.0.20:6379", "redis"),
         ("/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /models/tiny", "engine API server"),
         ("VLLM::EngineCore", "engine core"),

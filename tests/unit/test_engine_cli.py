@@ -15,7 +15,7 @@ Run = Callable[..., tuple[int, str, str]]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
     """cli.main with only the engine group registered: exit code, stdout, stderr."""
-    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.engine",))
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.ops.engine",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         code = cli.main(list(argv))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet import cli
-from llmfleet.model import tiny, tiny_adapter
+from llmfleet.lab import tiny, tiny_adapter
 from llmfleet.module_utils import model_validation
 
 Run = Callable[..., tuple[int, str, str]]
@@ -22,7 +22,7 @@ Run = Callable[..., tuple[int, str, str]]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> Run:
     """cli.main with only the model group registered: exit code, stdout, stderr (log records included)."""
-    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.model.cli",))
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", (cli.MODEL_COMMANDS,))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         caplog.clear()

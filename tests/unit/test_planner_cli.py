@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet import cli
-from llmfleet.model import tiny
+from llmfleet.lab import tiny
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -20,7 +20,7 @@ Run = Callable[..., tuple[int, str, str]]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
     """cli.main with only the plan group registered: exit code, stdout, stderr."""
-    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.planner",))
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.ops.planner",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         code = cli.main(list(argv))

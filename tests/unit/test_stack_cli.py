@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from llmfleet import cli
-from llmfleet.stack import STACKS_FILE, load_stacks
+from llmfleet.ops.stack import STACKS_FILE, load_stacks
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -20,7 +20,7 @@ Run = Callable[..., tuple[int, str, str]]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
     """cli.main with only the stack group registered: exit code, stdout, stderr."""
-    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.stack",))
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.ops.stack",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         code = cli.main(list(argv))

@@ -1,6 +1,6 @@
 """The llmfleet STAND-IN packages: real names and versions, labelled, and what the roles pin.
 
-The stand-ins (files/standins/, built by llmfleet/standins.py) are NOT NVIDIA's
+The stand-ins (files/standins/, built by llmfleet/lab/standins.py) are NOT NVIDIA's
 packages. These tests keep them honest: every package and command says
 STAND-IN, the versions the roles and scenarios pin exist, newer versions exist
 too (so the scenarios' pin tests prove something), and the CUDA ones follow the
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import standins
 from llmfleet.errors import LlmfleetError
+from llmfleet.lab import standins
+from llmfleet.ops.stack import load_stacks
 from llmfleet.paths import REPO_ROOT
-from llmfleet.stack import load_stacks
 
 ROLES = REPO_ROOT / "roles"
 FIXTURES = Path(__file__).parent / "fixtures"

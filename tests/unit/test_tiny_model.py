@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from llmfleet import cli
 from llmfleet.errors import LlmfleetError
-from llmfleet.model import cli as model_cli
-from llmfleet.model import tiny
+from llmfleet.lab import tiny
 
 EXPECTED_FILES = {
     "config.json",
@@ -57,7 +57,7 @@ def test_same_seed_gives_identical_bytes(model_dir: Path, tmp_path: Path) -> Non
 
 def test_another_process_writes_identical_bytes(model_dir: Path, tmp_path: Path) -> None:
     """Hash seeds and thread pools differ between processes; the bytes must not."""
-    code = "import sys; from pathlib import Path; from llmfleet.model.tiny import make_tiny_model; "
+    code = "import sys; from pathlib import Path; from llmfleet.lab.tiny import make_tiny_model; "
     code += "make_tiny_model(Path(sys.argv[1]), seed=0)"
     env = {**os.environ, "PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "other")], check=True, env=env)
@@ -220,8 +220,9 @@ def test_refuses_a_file(tmp_path: Path) -> None:
 
 
 def _model_parser() -> argparse.ArgumentParser:
+    """The `llmfleet` parser with only the model group, whose commands come from the lab and ops modules."""
     parser = argparse.ArgumentParser(prog="llmfleet")
-    model_cli.register(parser.add_subparsers(dest="command", required=True))
+    cli.register_group(parser.add_subparsers(dest="command", required=True), cli.MODEL_COMMANDS)
     return parser
 
 

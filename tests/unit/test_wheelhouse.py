@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import wheelhouse
+from llmfleet.build import wheelhouse
 from llmfleet.errors import LlmfleetError
 from llmfleet.paths import REPO_ROOT
 

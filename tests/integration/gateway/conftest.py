@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmfleet.vllm_cpu import VllmServer
+from llmfleet.lab.vllm_cpu import VllmServer
 from tests.integration.gateway.gatewaystack import (
     CLAIM_IDLE_MS,
     PREFIX,

@@ -27,9 +27,9 @@ import pytest
 import redis
 import yaml
 
-from llmfleet.gateway.auth import mint
+from llmfleet.lab.vllm_cpu import VllmServer
 from llmfleet.paths import REPO_ROOT
-from llmfleet.vllm_cpu import VllmServer
+from llmfleet.serve.gateway.auth import mint
 from tests.tools import free_loopback_port
 
 PREFIX = "lft"
@@ -142,7 +142,7 @@ class RedisServer:
 
 @dataclass
 class Service:
-    """A gateway or worker process (`python -m llmfleet.gateway|worker`), its log in a file."""
+    """A gateway or worker process (`python -m llmfleet.serve.gateway|worker`), its log in a file."""
 
     name: str
     module: str
@@ -192,7 +192,7 @@ class Service:
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                if self.module == "llmfleet.worker":  # log what it is stuck on (see worker.app._dump_tasks)
+                if self.module == "llmfleet.serve.worker":  # log what it is stuck on (see worker.app._dump_tasks)
                     self.process.send_signal(signal.SIGUSR1)
                     time.sleep(1)
                 self.process.kill()
@@ -307,7 +307,7 @@ class Stack:
             "LLMFLEET_GATEWAY_REGISTRY_MAX_AGE_S": "0.2",
         }
         self.gateway = (
-            Service("gateway", "llmfleet.gateway", env, self.tmp / "gateway.log", f"http://127.0.0.1:{port}/healthz")
+            Service("gateway", "llmfleet.serve.gateway", env, self.tmp / "gateway.log", f"http://127.0.0.1:{port}/healthz")
             .start()
             .wait_ready()
         )
@@ -332,7 +332,7 @@ class Stack:
             **{f"LLMFLEET_WORKER_{key.upper()}": value for key, value in settings.items()},
         }
         worker = (
-            Service(name, "llmfleet.worker", env, self.tmp / f"{name}.log", f"http://127.0.0.1:{port}/readyz")
+            Service(name, "llmfleet.serve.worker", env, self.tmp / f"{name}.log", f"http://127.0.0.1:{port}/readyz")
             .start()
             .wait_ready()
         )

@@ -25,8 +25,8 @@ import pytest
 import redis
 from tokenizers import Tokenizer
 
-from llmfleet.gateway.auth import mint
-from llmfleet.gateway.validation import render_chatml
+from llmfleet.serve.gateway.auth import mint
+from llmfleet.serve.gateway.validation import render_chatml
 from tests.integration.gateway.gatewaystack import (
     PREFIX,
     GatedProxy,

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from llmfleet.queue.config import QueueSettings, RedisSettings
-from llmfleet.queue.consumer import Consumer, Entry
-from llmfleet.queue.jobs import Job, Result, now_ms
-from llmfleet.queue.keys import GROUP
-from llmfleet.queue.producer import Limit, Producer
+from llmfleet.serve.queue.config import QueueSettings, RedisSettings
+from llmfleet.serve.queue.consumer import Consumer, Entry
+from llmfleet.serve.queue.jobs import Job, Result, now_ms
+from llmfleet.serve.queue.keys import GROUP
+from llmfleet.serve.queue.producer import Limit, Producer
 from tests.integration.gateway.gatewaystack import RedisServer
 from tests.tools import free_loopback_port
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.gateway.config import GatewaySettings
-from llmfleet.model.tiny import make_tiny_model
+from llmfleet.lab.tiny import make_tiny_model
+from llmfleet.serve.gateway.config import GatewaySettings
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from llmfleet.gateway.auth import Verifier, bearer_token, mint
-from llmfleet.gateway.config import GatewaySettings
-from llmfleet.gateway.errors import APIError, unauthorized
+from llmfleet.serve.gateway.auth import Verifier, bearer_token, mint
+from llmfleet.serve.gateway.config import GatewaySettings
+from llmfleet.serve.gateway.errors import APIError, unauthorized
 
 Make = Callable[..., GatewaySettings]
 

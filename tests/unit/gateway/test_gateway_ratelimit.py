@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llmfleet.gateway import ratelimit
-from llmfleet.gateway.auth import Principal
-from llmfleet.gateway.config import TierLimits
-from llmfleet.queue.keys import Keys
-from llmfleet.queue.producer import Admission, LimitState
+from llmfleet.serve.gateway import ratelimit
+from llmfleet.serve.gateway.auth import Principal
+from llmfleet.serve.gateway.config import TierLimits
+from llmfleet.serve.queue.keys import Keys
+from llmfleet.serve.queue.producer import Admission, LimitState
 
 PRINCIPAL = Principal("alice", "acme", frozenset({"*"}), "normal", "default")
 

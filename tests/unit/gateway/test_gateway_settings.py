@@ -12,10 +12,10 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from llmfleet.gateway.app import ROUTERS, create_app
-from llmfleet.gateway.config import GatewaySettings
-from llmfleet.queue.config import QueueSettings, RedisSettings, SettingsError, describe_validation_error
-from llmfleet.worker.config import WorkerSettings
+from llmfleet.serve.gateway.app import ROUTERS, create_app
+from llmfleet.serve.gateway.config import GatewaySettings
+from llmfleet.serve.queue.config import QueueSettings, RedisSettings, SettingsError, describe_validation_error
+from llmfleet.serve.worker.config import WorkerSettings
 
 Make = Callable[..., GatewaySettings]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from llmfleet.gateway.errors import APIError
-from llmfleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from llmfleet.gateway.validation import (
+from llmfleet.serve.gateway.errors import APIError
+from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmfleet.serve.gateway.validation import (
     ModelInfo,
     check_chat,
     check_completion,

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from llmfleet import cli
-from llmfleet.gateway.auth import Verifier
-from llmfleet.gateway.config import GatewaySettings
-from llmfleet.token import parse_ttl
+from llmfleet.ops.token import parse_ttl
+from llmfleet.serve.gateway.auth import Verifier
+from llmfleet.serve.gateway.config import GatewaySettings
 
 Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
-    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.token",))
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("llmfleet.ops.token",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         code = cli.main(list(argv))

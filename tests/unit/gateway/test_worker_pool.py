@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llmfleet.queue.jobs import Job, now_ms
-from llmfleet.worker.engine import EngineCaller, EngineFailure, StreamState, engine_session, normalize_error
-from llmfleet.worker.metrics import WorkerMetrics
-from llmfleet.worker.pool import EnginePool
+from llmfleet.serve.queue.jobs import Job, now_ms
+from llmfleet.serve.worker.engine import EngineCaller, EngineFailure, StreamState, engine_session, normalize_error
+from llmfleet.serve.worker.metrics import WorkerMetrics
+from llmfleet.serve.worker.pool import EnginePool
 
 ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}], "usage": {}}
 

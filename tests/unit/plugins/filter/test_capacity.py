@@ -25,7 +25,7 @@ capacity = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(capacity)
 
 
-# What model_check returns for the tiny model (llmfleet.model.tiny).
+# What model_check returns for the tiny model (llmfleet.lab.tiny).
 TINY_FACTS: dict[str, Any] = {
     "architecture": "Qwen2ForCausalLM",
     "layers": 2,

@@ -43,7 +43,7 @@ LLAMA_3_70B: dict[str, Any] = {
     "max_positions": 8192,
     "max_model_len": 8192,
 }
-# The tiny model llmfleet generates (llmfleet.model.tiny): what the lab's vLLM serves.
+# The tiny model llmfleet generates (llmfleet.lab.tiny): what the lab's vLLM serves.
 TINY: dict[str, Any] = {
     "architecture": "Qwen2ForCausalLM",
     "layers": 2,

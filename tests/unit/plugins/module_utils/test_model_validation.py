@@ -1,6 +1,6 @@
 """Unit tests for plugins/module_utils/model_validation.py: is a model directory servable?
 
-Every case starts from a real tiny Qwen2 model (llmfleet.model.tiny, the model
+Every case starts from a real tiny Qwen2 model (llmfleet.lab.tiny, the model
 the lab's vLLM serves) and breaks one thing the way exports and copies break
 it, then checks the verdict names the file and says what to do.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from llmfleet.model import tiny
-from llmfleet.model.tiny_adapter import make_tiny_adapter
+from llmfleet.lab import tiny
+from llmfleet.lab.tiny_adapter import make_tiny_adapter
 from llmfleet.module_utils import model_validation as mv
 
 

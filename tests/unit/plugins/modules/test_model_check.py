@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from llmfleet.model import tiny
-from llmfleet.model.tiny_adapter import make_tiny_adapter
+from llmfleet.lab import tiny
+from llmfleet.lab.tiny_adapter import make_tiny_adapter
 from tests.ansible_adhoc import ansible_env
 from tests.ansible_adhoc import run_module as run_adhoc_module
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmfleet.gateway.auth import mint
+from llmfleet.serve.gateway.auth import mint
 
 # TEST VALUES ONLY, as converge.yml and prepare.yml set them.
 SECRETS = {

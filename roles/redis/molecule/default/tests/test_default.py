@@ -19,11 +19,11 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, NoPermissionError
 
-from llmfleet.queue import registry
-from llmfleet.queue.config import QueueSettings
-from llmfleet.queue.consumer import Consumer
-from llmfleet.queue.jobs import Job, Result, now_ms
-from llmfleet.queue.producer import Limit, Producer
+from llmfleet.serve.queue import registry
+from llmfleet.serve.queue.config import QueueSettings
+from llmfleet.serve.queue.consumer import Consumer
+from llmfleet.serve.queue.jobs import Job, Result, now_ms
+from llmfleet.serve.queue.producer import Limit, Producer
 
 # TEST VALUES ONLY, as converge.yml sets them.
 PASSWORDS = {"gateway": "molecule-test-only-gateway-3f9c2a", "worker": "molecule-test-only-worker-8d1e7b"}
@@ -150,7 +150,7 @@ async def queue_round_trip(address: str) -> dict:
         await producer.ensure_groups()
         await consumer.ensure_groups()
 
-        # The worker's cancel listener, as llmfleet.worker subscribes.
+        # The worker's cancel listener, as llmfleet.serve.worker subscribes.
         pubsub = worker.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(producer.keys.cancel_channel)
 

@@ -1,0 +1,1 @@
+"""Measuring the stack: the load generator (`llmfleet bench`) and the CPU accounting it reports."""

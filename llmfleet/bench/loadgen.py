@@ -1,0 +1,478 @@
+"""`llmfleet bench`: load an OpenAI-compatible endpoint and report throughput and latency percentiles.
+
+    llmfleet bench --url http://10.77.0.10:8080 --token-file T --rate 100 --duration 30
+    llmfleet bench --url http://10.77.0.10:8080 --token-file T --concurrency 32 --peer-url http://10.77.0.41:8000
+
+Two ways to load:
+- --rate R (open loop): requests are due on a fixed schedule, R per second,
+  whether or not earlier ones have finished. Latency counts from the moment a
+  request was due, so a server that falls behind shows it in the percentiles
+  instead of quietly slowing the generator down.
+- --concurrency C (closed loop): C clients each send the next request as soon
+  as the last one is answered: the throughput at saturation.
+
+A run is one stretch of load at the same rate (or with the same clients)
+throughout: --warmup seconds, then the measured window of --duration seconds,
+then a ramp-down. In the open loop the schedule goes on after the window until
+every request due in it has been answered or has failed; the closed loop's
+clients send nothing after the window's end and wait for what they sent. So the
+server is as loaded at the window's edges as in its middle. Of the window:
+- requests, errors and the latency percentiles count the requests due (open
+  loop) or sent (closed loop) inside it, however late they were answered;
+- throughput counts the answers (status 200, a usable body) that arrived inside
+  it, whichever request they belong to, per second of window; completion
+  tokens per second likewise. A server that keeps up is reported at the
+  offered rate whatever its latency; one that falls behind answers fewer in
+  the window than were due, and shows it.
+
+--peer-url runs the same load against a peer (the engines themselves, say;
+repeat it and requests go to each in turn) straight after, on the same
+machine, and reports the ratio of the two: the figure to judge a proxy's
+overhead by. Targets (--target-rps,
+--target-p95-ms) are reported as met or missed; the benchmark measures, it does
+not fail on speed. It fails (exit 1) only when it could not measure at all.
+
+--cpu adds where the CPU went during each measured window (snapshots at its
+start and end): milliseconds per answer that arrived in it for each part of
+the stack on this machine, and how many cores were busy (llmfleet.bench.cpuuse; the
+lab's hosts are containers here, so it sees the whole lab).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from llmfleet.bench import cpuuse
+from llmfleet.errors import LlmfleetError
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PROMPT = "Write one line about the sea."
+# A request not answered this long after it was sent counts as timed out. It
+# also bounds the open loop's ramp-down, which waits for the window's requests.
+REQUEST_TIMEOUT_S = 60.0
+# Idle keep-alive connections older than this are closed, not reused: servers
+# close theirs after a few seconds (uvicorn: 5 s), and a request sent as the
+# server closes meets a reset.
+IDLE_REUSE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    due: float  # time.perf_counter() when it was due (open loop) or sent (closed loop)
+    done: float  # time.perf_counter() when its answer, or its error, came
+    outcome: str  # "ok", an HTTP status such as "429", or an error class such as "ConnectError"
+    completion_tokens: int = 0
+
+    @property
+    def latency_s(self) -> float:
+        return self.done - self.due
+
+
+@dataclass
+class Report:
+    label: str
+    url: str
+    mode: str  # "rate" or "concurrency"
+    load: float  # requests per second asked for, or clients
+    duration_s: float  # the measured window's length
+    # The requests due (rate) or sent (concurrency) in the window; the latency
+    # percentiles and completion_tokens are of those of them answered (ok).
+    requests: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    # Answers that arrived in the window, whichever request they belong to, and
+    # per second of window: the throughput figures.
+    answers_in_window: int = 0
+    throughput_rps: float = 0.0
+    completion_tokens: int = 0
+    completion_tokens_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    # --cpu only: CPU ms per answer in the window by part of the stack, and the
+    # average number of busy cores (of `cores`) over the measured window.
+    cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
+    cores_busy: float | None = None
+    cores: int | None = None
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (q in 0..100); 0.0 for no values."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def summarize(
+    label: str, url: str, mode: str, load: float, samples: list[Sample], window_start: float, window_end: float
+) -> Report:
+    """The report of the window [window_start, window_end) (perf_counter seconds), from all of a run's samples.
+
+    requests, ok, errors, completion_tokens and the latency percentiles count the
+    requests due (or sent) in the window, however late they were answered.
+    Throughput and completion tokens per second count the answers ("ok") that
+    arrived in the window, whichever request they belong to (one due in the
+    warm-up, say), divided by the window's length.
+    """
+    window_s = window_end - window_start
+    measured = [sample for sample in samples if window_start <= sample.due < window_end]
+    arrived = [sample for sample in samples if sample.outcome == "ok" and window_start <= sample.done < window_end]
+    latencies = sorted(sample.latency_s * 1000 for sample in measured if sample.outcome == "ok")
+    errors = Counter(sample.outcome for sample in measured if sample.outcome != "ok")
+    return Report(
+        label=label,
+        url=url,
+        mode=mode,
+        load=load,
+        duration_s=round(window_s, 3),
+        requests=len(measured),
+        ok=len(latencies),
+        errors=dict(sorted(errors.items())),
+        answers_in_window=len(arrived),
+        throughput_rps=round(len(arrived) / window_s, 2),
+        completion_tokens=sum(sample.completion_tokens for sample in measured),
+        completion_tokens_per_s=round(sum(sample.completion_tokens for sample in arrived) / window_s, 1),
+        p50_ms=round(percentile(latencies, 50), 1),
+        p95_ms=round(percentile(latencies, 95), 1),
+        p99_ms=round(percentile(latencies, 99), 1),
+        max_ms=round(latencies[-1], 1) if latencies else 0.0,
+    )
+
+
+Send = Callable[[float], Coroutine[Any, Any, Sample]]
+
+
+class Target:
+    """One endpoint as a pool of keep-alive HTTP/1.1 connections, sending one fixed request.
+
+    A minimal client on purpose: on the 2-core machine the benchmark shares with
+    the stack, a general-purpose async HTTP client spends about a core at
+    100 req/s, which the stack under test then lacks. The request's bytes are
+    built once; a response needs only its status, its body (Content-Length or
+    chunked) and whether the connection stays open.
+    """
+
+    def __init__(self, url: str, body: bytes, headers: dict[str, str], max_connections: int) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise LlmfleetError(f"{url}: give an http:// URL (the benchmark speaks plain HTTP/1.1)")
+        self.host, self.port = parts.hostname, parts.port or 80
+        head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        head.append(f"Content-Length: {len(body)}")
+        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self.idle: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []  # (since, ...), newest last
+        self.slots = asyncio.Semaphore(max_connections)
+
+    async def post(self) -> tuple[int, bytes]:
+        async with self.slots:
+            while self.idle:
+                since, reader, writer = self.idle.pop()
+                if time.monotonic() - since > IDLE_REUSE_S:
+                    writer.close()
+                    continue
+                try:
+                    return await self._exchange(reader, writer)
+                except ClosedBeforeAnswer:
+                    break  # the server closed it as we sent (its keep-alive timeout): a new one
+            return await self._exchange(*await asyncio.open_connection(self.host, self.port))
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
+        try:
+            writer.write(self.request)
+            status, body, keep = await _read_response(reader)
+        except BaseException:
+            writer.close()
+            raise
+        if keep:
+            self.idle.append((time.monotonic(), reader, writer))
+        else:
+            writer.close()
+        return status, body
+
+    def close(self) -> None:
+        for _since, _reader, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+class ClosedBeforeAnswer(ConnectionError):
+    """The connection ended before a response's head: the server did not answer the request."""
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, keep-alive) of one HTTP/1.1 response."""
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as error:
+        raise ClosedBeforeAnswer(f"connection closed after {len(error.partial)} bytes of a response head") from error
+    except (ConnectionResetError, BrokenPipeError) as error:
+        raise ClosedBeforeAnswer(f"connection reset before a response head ({error})") from error
+    head = raw.decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ", 2)[1])
+    fields = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip().lower()
+    if fields.get("transfer-encoding") == "chunked":
+        chunks = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            chunks.append(await reader.readexactly(size + 2))
+        await reader.readuntil(b"\r\n")  # the empty trailer
+        body = b"".join(chunk[:-2] for chunk in chunks)
+    else:
+        body = await reader.readexactly(int(fields.get("content-length", "0")))
+    return status, body, fields.get("connection") != "close"
+
+
+def sender(targets: list[Target]) -> Send:
+    """A coroutine function that sends one request (to the targets in turn): its sample, from `due` (perf_counter)."""
+    turn = itertools.cycle(targets)
+
+    async def send(due: float) -> Sample:
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                status, body = await next(turn).post()
+        except TimeoutError:
+            return Sample(due, time.perf_counter(), "timeout")
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
+            return Sample(due, time.perf_counter(), type(error).__name__)
+        done = time.perf_counter()
+        if status != 200:
+            return Sample(due, done, str(status))
+        try:
+            tokens = int(json.loads(body)["usage"]["completion_tokens"])
+        except (ValueError, KeyError, TypeError):
+            return Sample(due, done, "bad-body")
+        return Sample(due, done, "ok", tokens)
+
+    return send
+
+
+async def sleep_until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - time.perf_counter()))
+
+
+async def open_loop(send: Send, rate: float, window_start: float, window_end: float) -> list[Sample]:
+    """Requests due every 1/rate s from now (the warm-up) through the window, and on until each one due in it is done.
+
+    The schedule counts from the window's start, so the window holds
+    ceil(rate * duration) requests and the warm-up round(rate * warm-up).
+    Returns every request's sample, the warm-up's and ramp-down's included.
+    """
+    tasks: list[asyncio.Task[Sample]] = []
+    unfinished: set[asyncio.Task[Sample]] = set()  # of the requests due in the window
+    for step in itertools.count(-round((window_start - time.perf_counter()) * rate)):
+        due = window_start + step / rate
+        await sleep_until(due)
+        if due >= window_end and not unfinished:
+            break
+        task = asyncio.create_task(send(due))
+        tasks.append(task)
+        if window_start <= due < window_end:
+            unfinished.add(task)
+            task.add_done_callback(unfinished.discard)
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(send: Send, concurrency: int, stop: float) -> list[Sample]:
+    """`concurrency` clients back to back from now (warm-up, then the window) until `stop`; each waits for its last."""
+    samples: list[Sample] = []
+
+    async def client() -> None:
+        while (sent := time.perf_counter()) < stop:
+            samples.append(await send(sent))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return samples
+
+
+async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
+    """CPU use between snapshots taken at the window's start and end, under load (each reads /proc for a few ms)."""
+    await sleep_until(window_start)
+    before = cpuuse.snapshot()
+    await sleep_until(window_end)
+    return cpuuse.usage(before, cpuuse.snapshot())
+
+
+async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
+    """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
+    payload: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "ignore_eos": True}
+    if args.endpoint == "chat":
+        payload["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        payload["prompt"] = PROMPT
+    body = json.dumps(payload).encode()
+    connections = args.concurrency or max(64, math.ceil(args.rate * 2))
+    per_target = math.ceil(connections / len(bases))
+    targets = [Target(base.rstrip("/") + PATHS[args.endpoint], body, headers, per_target) for base in bases]
+    send = sender(targets)
+    shown = " ".join(bases)
+    window_start = time.perf_counter() + args.warmup
+    window_end = window_start + args.duration
+    try:
+        async with asyncio.TaskGroup() as group:
+            cpu = group.create_task(cpu_use(window_start, window_end)) if args.cpu else None
+            if args.rate:
+                samples = await open_loop(send, args.rate, window_start, window_end)
+            else:
+                samples = await closed_loop(send, args.concurrency, window_end)
+    finally:
+        for target in targets:
+            target.close()
+    mode, load = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency)
+    report = summarize(label, shown, mode, load, samples, window_start, window_end)
+    if cpu is not None:
+        used = cpu.result()
+        report.cpu_ms_per_request = used.per_request_ms(report.answers_in_window)
+        report.cores_busy, report.cores = used.cores_busy, used.cores
+    return report
+
+
+def read_token(path: str | None) -> dict[str, str]:
+    """The Authorization header from a token file (a file, so the token is never on a command line)."""
+    if path is None:
+        return {}
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as error:
+        raise LlmfleetError(f"--token-file: cannot read {path}: {error.strerror}") from None
+    if not token:
+        raise LlmfleetError(f"--token-file: {path} is empty; mint one with `llmfleet token --sub NAME ...`")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def verdict(report: Report, target_rps: float, target_p95_ms: float) -> dict[str, bool]:
+    return {
+        # Answers are counted whole, and those near the window's edges fall in or out of it by
+        # a little jitter: 1% of slack, so a server that keeps up exactly is not reported short.
+        "throughput": report.throughput_rps >= target_rps * 0.99,
+        "p95": report.ok > 0 and report.p95_ms < target_p95_ms,
+        "errors": not report.errors,
+    }
+
+
+def describe(report: Report) -> str:
+    load = f"{report.load:g} req/s offered" if report.mode == "rate" else f"{report.load:g} clients"
+    errors = ", ".join(f"{name} x{count}" for name, count in report.errors.items()) or "none"
+    text = (
+        f"{report.label:8} {load}, {report.duration_s:.1f} s: {report.ok}/{report.requests} answered,"
+        f" {report.throughput_rps:.1f} req/s, {report.completion_tokens_per_s:.0f} tokens/s;"
+        f" p50 {report.p50_ms:.0f} ms, p95 {report.p95_ms:.0f} ms, p99 {report.p99_ms:.0f} ms,"
+        f" max {report.max_ms:.0f} ms; errors: {errors}"
+    )
+    if report.cores_busy is not None:
+        parts = ", ".join(f"{part} {ms:.1f}" for part, ms in report.cpu_ms_per_request.items())
+        text += f"\n{'':8} CPU ms per answered request: {parts}; {report.cores_busy:.2f} of {report.cores} cores busy"
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.rate is None) == (args.concurrency is None):
+        raise LlmfleetError("give one of --rate (requests per second) or --concurrency (clients)")
+    if (args.rate is not None and args.rate <= 0) or (args.concurrency is not None and args.concurrency < 1):
+        raise LlmfleetError("--rate must be above 0 and --concurrency at least 1")
+    if args.duration <= 0:
+        raise LlmfleetError("--duration must be above 0 seconds")
+    if args.warmup < 0:
+        raise LlmfleetError("--warmup must be 0 seconds or more")
+    if args.cpu and not (cpuuse.PROC / "stat").is_file():
+        raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
+    headers = read_token(args.token_file)
+    reports = [asyncio.run(measure(args, args.label, [args.url], headers))]
+    if args.peer_url:
+        reports.append(asyncio.run(measure(args, args.peer_label, args.peer_url, read_token(None))))
+    result: dict[str, Any] = {"reports": [asdict(report) for report in reports]}
+    main = reports[0]
+    if args.rate is not None:
+        result["target"] = {"rps": args.target_rps, "p95_ms": args.target_p95_ms}
+        result["target_met"] = verdict(main, args.target_rps, args.target_p95_ms)
+    if len(reports) == 2 and reports[1].throughput_rps > 0:
+        peer = reports[1]
+        result["throughput_ratio"] = round(main.throughput_rps / peer.throughput_rps, 3)
+        result["added_p50_ms"] = round(main.p50_ms - peer.p50_ms, 1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        for report in reports:
+            print(describe(report))
+        if "throughput_ratio" in result:
+            print(
+                f"{main.label} / {reports[1].label}: {result['throughput_ratio']:.2f} of the throughput,"
+                f" {result['added_p50_ms']:+.0f} ms at p50"
+            )
+        if "target_met" in result:
+            met = result["target_met"]
+            print(
+                f"target {args.target_rps:g} req/s, p95 < {args.target_p95_ms:g} ms, 0 errors: "
+                + ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in met.items())
+            )
+    if all(report.ok == 0 for report in reports):
+        raise LlmfleetError("no request was answered: is the URL right, and the token valid? (see the errors above)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="load an OpenAI-compatible endpoint; report throughput and p50/p95/p99",
+        description=(
+            "Send completions to URL at a fixed rate (--rate, open loop) or from N back-to-back clients"
+            " (--concurrency, closed loop) and report answered requests per second, latency percentiles and"
+            " errors; with --peer-url, the same against a second endpoint and the ratio of the two."
+        ),
+    )
+    parser.add_argument("--url", required=True, help="base URL, e.g. http://10.77.0.10:8080")
+    parser.add_argument("--token-file", help="a file holding the bearer token for --url (not for --peer-url)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: requests started per second")
+    load.add_argument("--concurrency", type=int, help="closed loop: clients sending back to back")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        help="seconds of the measured window (default 30): latency and errors of the requests due or sent in it,"
+        " throughput of the answers that arrive in it",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=3.0,
+        help="seconds of the same load before the window, not measured (default 3)",
+    )
+    parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
+    parser.add_argument("--endpoint", choices=sorted(PATHS), default="chat", help="API to call (default chat)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default 16)")
+    parser.add_argument("--label", default="target", help="name for --url in the report (default target)")
+    parser.add_argument(
+        "--peer-url",
+        action="append",
+        help="also load this endpoint after --url and report the ratio; repeat it to spread over several in turn",
+    )
+    parser.add_argument("--peer-label", default="peer", help="name for --peer-url in the report (default peer)")
+    parser.add_argument("--target-rps", type=float, default=100.0, help="throughput target (default 100)")
+    parser.add_argument("--target-p95-ms", type=float, default=800.0, help="p95 latency target (default 800)")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also report CPU ms per answer in the window by part of the stack on this machine, and busy cores",
+    )
+    parser.add_argument("--out", help="also write the JSON result to this file")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(handler=run)

@@ -1,0 +1,1 @@
+"""Build and delivery on the controller: images, wheelhouses, venvs, the toolchain, generated docs."""

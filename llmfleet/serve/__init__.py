@@ -1,0 +1,1 @@
+"""What ships to the hosts in the service image: the gateway, the Redis queue and the workers."""

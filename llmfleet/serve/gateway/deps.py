@@ -1,0 +1,71 @@
+"""Per-process state and the dependencies routes declare: `StateDep` and `PrincipalDep`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from llmfleet.serve.gateway.auth import Principal, Verifier, bearer_token
+from llmfleet.serve.gateway.config import GatewaySettings
+from llmfleet.serve.gateway.errors import APIError
+from llmfleet.serve.gateway.metrics import GatewayMetrics
+from llmfleet.serve.gateway.validation import ModelInfo
+from llmfleet.serve.queue.producer import Producer, ReplyListener
+from llmfleet.serve.queue.registry import CachedRegistry
+
+
+@dataclass
+class AppState:
+    """What one gateway process shares between requests; made by the app's lifespan, closed with it."""
+
+    settings: GatewaySettings
+    redis: aioredis.Redis
+    blocking: aioredis.Redis
+    producer: Producer
+    replies: ReplyListener
+    registry: CachedRegistry
+    verifier: Verifier
+    models: dict[str, ModelInfo]
+    metrics: GatewayMetrics
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run coroutine to completion even if the request that started it is cancelled."""
+        task = asyncio.create_task(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+async def get_state(request: Request) -> AppState:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread
+    # hand-off on every request (0.08 ms of CPU each, measured on a bare route).
+    state: AppState = request.app.state.llmfleet
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+# auto_error=False: a missing or malformed header gets our 401 (OpenAI-shaped, with
+# WWW-Authenticate), not FastAPI's 403. Declared so OpenAPI documents the scheme.
+_bearer = HTTPBearer(auto_error=False, description="a JWT minted by `llmfleet token` (or your identity provider)")
+
+
+async def authenticate(
+    request: Request,
+    state: StateDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    try:
+        return state.verifier.verify(bearer_token(request.headers.get("authorization")))
+    except APIError:
+        state.metrics.rejected.labels("auth").inc()
+        raise
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticate)]

@@ -1,0 +1,103 @@
+"""Errors the gateway answers with, in OpenAI's shape: {"error": {"message", "type", "code", "param"}}."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmfleet.serve.queue.jobs import error_body
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        body = error_body(self.message, self.kind, self.code, param=self.param, **self.extra)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def unauthorized(message: str) -> APIError:
+    # RFC 6750: say why, without echoing the token.
+    description = "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in message)
+    return APIError(
+        401,
+        message,
+        "authentication_error",
+        "invalid_token",
+        headers={
+            "WWW-Authenticate": f'Bearer realm="llmfleet", error="invalid_token", error_description="{description}"'
+        },
+    )
+
+
+def queue_unavailable() -> APIError:
+    return APIError(
+        503,
+        "the queue is unavailable; retry shortly",
+        "server_error",
+        "queue_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
+@contextlib.contextmanager
+def queue_errors_as_503() -> Iterator[None]:
+    """A Redis error inside becomes the client's 503 queue_unavailable (with Retry-After)."""
+    try:
+        yield
+    except RedisError:
+        raise queue_unavailable() from None
+
+
+async def api_error_handler(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, APIError)
+    return error.response()
+
+
+async def validation_error_handler(_request: Request, error: Exception) -> JSONResponse:
+    """400 (OpenAI's status for a bad request) naming the first bad field; never echoing values."""
+    assert isinstance(error, RequestValidationError)
+    problems = []
+    param = None
+    for item in error.errors()[:5]:
+        location = [str(part) for part in item.get("loc", ()) if part != "body"]
+        where = ".".join(location) or "body"
+        param = param or where
+        problems.append(f"{where}: {item.get('msg', 'invalid')}")
+    message = "invalid request: " + "; ".join(problems) if problems else "invalid request"
+    return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param=param), status_code=400)
+
+
+async def http_error_handler(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    return JSONResponse(
+        error_body(str(error.detail), kind, None),
+        status_code=error.status_code,
+        headers=getattr(error, "headers", None),
+    )

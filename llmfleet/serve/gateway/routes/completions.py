@@ -1,0 +1,28 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import Response
+
+from llmfleet.serve.gateway.deps import PrincipalDep, StateDep
+from llmfleet.serve.gateway.routes import PREFER, completion_responses
+from llmfleet.serve.gateway.schemas import CompletionRequest
+from llmfleet.serve.gateway.service import submit
+
+router = APIRouter(tags=["completions"])
+
+RESPONSES = completion_responses("text_completion", "text_completion")
+
+
+@router.post("/v1/completions", responses=RESPONSES, summary="Create a completion (OpenAI-compatible)")
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    principal: PrincipalDep,
+    state: StateDep,
+    prefer: Annotated[str | None, Header(description=PREFER, max_length=256)] = None,
+) -> Response:
+    return await submit("completion", body, request, principal, state, prefer)

@@ -1,0 +1,359 @@
+"""Submitting a completion: check, admit, queue; then wait for the answer, relay the stream, or hand out a task id.
+
+Three modes:
+- sync: the client waits; the answer comes on this process's reply stream
+  (and is also stored, so a lost notification is found by polling the key);
+- stream (`"stream": true`): the gateway waits for the first event, then
+  relays chunks as server-sent events in order (seq numbers; a gap is filled
+  from the final result), ending with `data: [DONE]`;
+- task (`Prefer: respond-async`): 202 with an id at once; GET /v1/tasks/{id}.
+
+A client that goes away (or a gateway-side timeout) cancels the request: the
+workers stop its engine request, or skip it if it has not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.exceptions import RedisError
+from starlette.types import Receive, Scope, Send
+
+from llmfleet.serve.gateway import ratelimit
+from llmfleet.serve.gateway.auth import Principal, forbidden_model
+from llmfleet.serve.gateway.deps import AppState
+from llmfleet.serve.gateway.errors import APIError, queue_unavailable
+from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmfleet.serve.gateway.validation import check_chat, check_completion
+from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms, result_text
+from llmfleet.serve.queue.producer import Waiter
+
+log = logging.getLogger(__name__)
+
+# How long past a job's deadline the gateway still waits for its answer (the
+# worker's own deadline handling answers first; this only covers a lost worker).
+DEADLINE_GRACE_MS = 5_000
+
+
+def prefers_async(prefer: str | None) -> bool:
+    """RFC 7240: `Prefer: respond-async` asks for 202 and a task instead of waiting."""
+    if not prefer:
+        return False
+    return any(part.strip().lower() == "respond-async" for part in prefer.split(","))
+
+
+async def submit(
+    kind: Kind,
+    body: ChatCompletionRequest | CompletionRequest,
+    request: Request,
+    principal: Principal,
+    state: AppState,
+    prefer: str | None,
+) -> Response:
+    settings = state.settings
+    metrics = state.metrics
+    name = body.model
+    if not principal.may_use(name):
+        raise _rejected(state, "forbidden", forbidden_model(name))
+    model = state.models.get(name)
+    if model is None:
+        message = f"model {name!r} is not served here; GET /v1/models lists the models"
+        raise _rejected(state, "invalid", APIError(404, message, code="model_not_found", param="model"))
+    task_mode = prefers_async(prefer)
+    if task_mode and body.stream:
+        message = "a task (Prefer: respond-async) cannot stream; drop one of them"
+        raise _rejected(state, "invalid", APIError(400, message, param="stream"))
+    try:
+        snapshot = await state.registry.snapshot()
+    except RedisError as error:
+        raise _queue_unavailable(state, error) from None
+    live = snapshot.models.get(name)
+    if live is None:
+        message = f"no healthy engine serves model {name!r} right now"
+        unavailable = APIError(503, message, "server_error", "model_unavailable", headers={"Retry-After": "5"})
+        raise _rejected(state, "no_engine", unavailable)
+    max_model_len = model.max_model_len(live.max_model_len)
+    check = check_chat if kind == "chat" else check_completion
+    try:
+        checked = await check(
+            model,
+            body.engine_payload(),
+            body.requested_max_tokens(),
+            max_model_len,
+            settings.max_tokens_cap,
+            settings.truncate_prompts,
+        )
+    except APIError as error:
+        metrics.rejected.labels("context_length" if error.code == "context_length_exceeded" else "invalid").inc()
+        raise
+    metrics.prompt_tokens.labels(name).observe(checked.prompt_tokens)
+
+    queue = settings.queue
+    now = now_ms()
+    job = Job(
+        id=uuid.uuid4().hex,
+        kind=kind,
+        model=name,
+        payload=checked.payload,
+        stream=body.stream,
+        reply="" if task_mode else state.producer.reply_key,
+        subject=principal.subject,
+        tenant=principal.tenant,
+        lane=principal.lane,
+        prompt_tokens=checked.prompt_tokens,
+        max_tokens=checked.max_tokens,
+        enqueued_ms=now,
+        deadline_ms=now + int((queue.queue_timeout_s + queue.request_timeout_s) * 1000),
+        queue_deadline_ms=now + int(queue.queue_timeout_s * 1000),
+    )
+    tier = settings.tiers[principal.tier]
+    limits = ratelimit.limits_for(principal, tier, state.producer.keys, checked.prompt_tokens + checked.max_tokens)
+    waiter = None if task_mode else state.replies.register(job.id, job.deadline_ms + DEADLINE_GRACE_MS)
+    try:
+        admission = await state.producer.admit(
+            job,
+            mode="task" if task_mode else "sync",
+            limits=limits,
+            concurrency_cap=tier.concurrency,
+            lease_ms=job.deadline_ms - now + DEADLINE_GRACE_MS,
+        )
+    except RedisError as error:
+        state.replies.unregister(job.id)
+        raise _queue_unavailable(state, error) from None
+    except BaseException:
+        state.replies.unregister(job.id)
+        raise
+    if admission.outcome != "admitted":
+        state.replies.unregister(job.id)
+        if admission.outcome == "queue_full":
+            retry = str(queue.backpressure_retry_after_s)
+            message = f"the queue is full ({admission.depth} requests); retry after {retry} s"
+            full = APIError(503, message, "server_error", "queue_full", headers={"Retry-After": retry})
+            raise _rejected(state, "queue_full", full)
+        reason = "concurrency" if admission.refused_by is None else "rate_limit"
+        raise _rejected(state, reason, ratelimit.refusal(admission, tier))
+
+    mode = "task" if task_mode else ("stream" if body.stream else "sync")
+    metrics.admitted.labels(name, principal.lane, mode).inc()
+    headers = {"x-request-id": job.id, **ratelimit.headers(admission.limits)}
+    if checked.truncated_tokens:
+        headers["x-llmfleet-truncated-tokens"] = str(checked.truncated_tokens)
+    if waiter is None:
+        url = f"/v1/tasks/{job.id}"
+        return JSONResponse(
+            {"id": job.id, "object": "task", "status": "queued", "url": url},
+            status_code=202,
+            headers={**headers, "Location": url},
+        )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _answer(state, job, waiter, request, headers, include_usage)
+
+
+def _rejected(state: AppState, reason: str, error: APIError) -> APIError:
+    """Count a refusal before queueing by reason, and hand back the error to raise."""
+    state.metrics.rejected.labels(reason).inc()
+    return error
+
+
+def _queue_unavailable(state: AppState, error: RedisError) -> APIError:
+    log.warning("queue unavailable: %s", error)
+    return _rejected(state, "redis", queue_unavailable())
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _next(
+    state: AppState, job: Job, waiter: Waiter, disconnect: asyncio.Task[None] | None
+) -> ReplyEvent | Result | str:
+    """The next event for job: a ReplyEvent, a Result found by polling, "disconnected" or "timeout"."""
+    poll_s = state.settings.result_poll_s
+    while True:
+        remaining_s = (job.deadline_ms + DEADLINE_GRACE_MS - now_ms()) / 1000
+        if remaining_s <= 0:
+            return "timeout"
+        if not waiter.events.empty():
+            return waiter.events.get_nowait()
+        get = asyncio.ensure_future(waiter.events.get())
+        wait_for: set[asyncio.Future[Any]] = {get} if disconnect is None else {get, disconnect}
+        try:
+            done, _ = await asyncio.wait(
+                wait_for, timeout=min(poll_s, remaining_s), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not get.done():
+                get.cancel()
+        if get in done:
+            return get.result()
+        if disconnect is not None and disconnect in done:
+            return "disconnected"
+        # Nothing on the stream for poll_s: the notification may be lost (trimmed
+        # stream, Redis restart); the stored result is the source of truth.
+        try:
+            result = await state.producer.result(job.id)
+        except RedisError:
+            continue
+        if result is not None:
+            return result
+
+
+def _cancel(state: AppState, job: Job, reason: str) -> None:
+    state.metrics.cancelled.labels(reason).inc()
+    log.info("request %s: %s; cancelling it", job.id, reason)
+
+    async def cancel() -> None:
+        try:
+            await state.producer.cancel(job.id, job.subject)
+        except RedisError as error:
+            log.warning("request %s: could not cancel: %s", job.id, error)
+
+    state.spawn(cancel())
+
+
+def _timeout_body(job: Job) -> dict[str, Any]:
+    return error_body("no answer before the request's deadline; it was cancelled", "timeout", "deadline_exceeded")
+
+
+async def _answer(
+    state: AppState, job: Job, waiter: Waiter, request: Request, headers: dict[str, str], include_usage: bool
+) -> Response:
+    """Wait for the answer (sync) or its first event (stream), watching for the client going away."""
+    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    handed_over = False
+    try:
+        while True:
+            event = await _next(state, job, waiter, disconnect)
+            if event == "disconnected":
+                _cancel(state, job, "client_disconnected")
+                return Response(status_code=499)
+            if event == "timeout":
+                _cancel(state, job, "deadline")
+                return JSONResponse(_timeout_body(job), status_code=504, headers=headers)
+            result = _as_result(event)
+            if result is not None:
+                return JSONResponse(result.body, status_code=result.status, headers=headers)
+            if job.stream and isinstance(event, ReplyEvent):
+                handed_over = True
+                return RelayResponse(
+                    _relay(state, job, waiter, event, include_usage),
+                    media_type="text/event-stream",
+                    headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
+            # a chunk for a non-streaming request cannot happen; ignore it
+    finally:
+        disconnect.cancel()
+        if not handed_over:
+            state.replies.unregister(job.id)
+
+
+class RelayResponse(StreamingResponse):
+    """A stream that always closes its relay, so the relay's cleanup (cancel, unregister) runs when the response ends.
+
+    Starlette stops iterating without closing the generator when a disconnect
+    lands while it waits in send(); the cleanup would then wait for the GC.
+    """
+
+    def __init__(self, relay: AsyncGenerator[bytes, None], **kwargs: Any) -> None:
+        super().__init__(relay, **kwargs)
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.aclose()
+
+
+def _as_result(event: ReplyEvent | Result | str) -> Result | None:
+    if isinstance(event, Result):
+        return event
+    if isinstance(event, ReplyEvent) and event.kind == "final":
+        return Result.from_json(event.data)
+    return None
+
+
+def _sse(data: str) -> bytes:
+    return f"data: {data}\n\n".encode()
+
+
+def _chunk(job: Job, text: str, finish_reason: str | None) -> str:
+    if job.kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        kind = "text_completion"
+    return json.dumps(
+        {
+            "id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
+            "object": kind,
+            "created": job.enqueued_ms // 1000,
+            "model": job.model,
+            "choices": [choice],
+        }
+    )
+
+
+async def _relay(
+    state: AppState, job: Job, waiter: Waiter, first: ReplyEvent, include_usage: bool
+) -> AsyncGenerator[bytes, None]:
+    """Server-sent events for a streamed request; always ends with `data: [DONE]`."""
+    sent: list[str] = []
+    expected = 1
+    gap = False
+    finished = False
+    event: ReplyEvent | Result | str = first
+    try:
+        while True:
+            result = _as_result(event)
+            if result is None and isinstance(event, ReplyEvent):
+                if event.seq == expected and not gap:
+                    expected += 1
+                    sent.append(event.text)
+                    for data in json.loads(event.data):
+                        yield _sse(json.dumps(data, separators=(",", ":")))
+                elif event.seq > expected:
+                    gap = True  # chunks were lost on the way: the final result fills them in
+                event = await _next(state, job, waiter, None)
+                continue
+            if event == "timeout":
+                _cancel(state, job, "deadline")
+                yield _sse(json.dumps(_timeout_body(job)))
+                yield _sse("[DONE]")
+                finished = True
+                return
+            assert result is not None
+            if result.status != 200:
+                yield _sse(json.dumps(result.body))
+            else:
+                full = result_text(job.kind, result.body)
+                already = "".join(sent)
+                choices = result.body.get("choices") or [{}]
+                finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+                if full.startswith(already) and len(full) > len(already):
+                    yield _sse(_chunk(job, full[len(already) :], finish))
+                elif not full.startswith(already):
+                    log.error("request %s: streamed text is not a prefix of the final result", job.id)
+                if include_usage and result.body.get("usage"):
+                    usage_chunk = json.loads(_chunk(job, "", None))
+                    usage_chunk["choices"] = []
+                    usage_chunk["usage"] = result.body["usage"]
+                    yield _sse(json.dumps(usage_chunk))
+            yield _sse("[DONE]")
+            finished = True
+            return
+    finally:
+        state.replies.unregister(job.id)
+        if not finished:
+            _cancel(state, job, "client_disconnected")

@@ -1,0 +1,258 @@
+"""The worker's side of the queue: take, reclaim, begin, stream chunks, deliver, hand back.
+
+The life of one entry (see scripts.py for each step's atomicity):
+
+    TAKE / XREADGROUP / XAUTOCLAIM -> BEGIN -> [CHUNK ...] -> DELIVER
+                                         \\-> DEAD_LETTER past max_attempts
+
+While a worker holds an entry it TOUCHes it every claim_idle/3 so that it never
+looks idle; a worker that dies stops touching, and after claim_idle_ms another
+worker's XAUTOCLAIM takes the entry over and BEGINs a new attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from llmfleet.serve.queue.config import QueueSettings
+from llmfleet.serve.queue.jobs import Job, Result
+from llmfleet.serve.queue.keys import GROUP, Keys
+from llmfleet.serve.queue.producer import ensure_groups, stream_rows
+from llmfleet.serve.queue.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+# The idle time given to an entry handed back: far past any claim_idle_ms, so
+# the next XAUTOCLAIM by any worker takes it at once, at its place in the queue.
+HAND_BACK_IDLE_MS = 10**12
+
+
+@dataclass(frozen=True)
+class Entry:
+    lane: str
+    entry_id: str
+    fields: dict[str, str]
+    reclaimed: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.fields.get("id") or self.entry_id
+
+
+@dataclass(frozen=True)
+class Start:
+    """What BEGIN decided."""
+
+    outcome: Literal["run", "done", "gone", "cancelled", "dead"]
+    attempt: int = 0
+    partial: str = ""
+    partial_tokens: int = 0
+    reason: str = ""
+
+
+class Consumer:
+    def __init__(
+        self, client: aioredis.Redis, blocking: aioredis.Redis, settings: QueueSettings, worker_id: str
+    ) -> None:
+        self.client = client
+        self.blocking = blocking
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.scripts = Scripts.register(client)
+        self.worker_id = worker_id
+        self._cursors = dict.fromkeys(settings.lanes, "0-0")
+
+    async def ensure_groups(self) -> None:
+        await ensure_groups(self.client, self.keys, self.settings.lanes)
+
+    def _lane_keys(self) -> list[str]:
+        return [self.keys.lane(lane) for lane in self.settings.lanes]
+
+    async def take(self, count: int) -> list[Entry]:
+        """Up to count new entries, highest lane first, without blocking."""
+        rows: list[list[Any]] = await self.scripts.take(keys=self._lane_keys(), args=[GROUP, self.worker_id, count])
+        entries = []
+        for lane_index, entry_id, flat in rows:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            entries.append(Entry(self.settings.lanes[int(lane_index) - 1], entry_id, fields))
+        return entries
+
+    async def wait_take(self, count: int, block_ms: int) -> list[Entry]:
+        """Block up to block_ms for new entries on any lane (used only when all lanes were empty)."""
+        streams: dict[Any, Any] = dict.fromkeys(self._lane_keys(), ">")
+        response = await self.blocking.xreadgroup(GROUP, self.worker_id, streams, count=count, block=block_ms)
+        lane_of = {self.keys.lane(lane): lane for lane in self.settings.lanes}
+        entries = []
+        for stream, rows in stream_rows(response):
+            for entry_id, fields in rows:
+                if fields:  # None/empty for an entry deleted while pending
+                    entries.append(Entry(lane_of[stream], entry_id, fields))
+        return entries
+
+    async def reclaim(self, count: int) -> list[Entry]:
+        """Take over up to count entries idle past claim_idle_ms (their worker is gone)."""
+        entries: list[Entry] = []
+        for lane in self.settings.lanes:
+            if len(entries) >= count:
+                break
+            response = await self.client.xautoclaim(
+                self.keys.lane(lane),
+                GROUP,
+                self.worker_id,
+                min_idle_time=self.settings.claim_idle_ms,
+                start_id=self._cursors[lane],
+                count=count - len(entries),
+            )
+            self._cursors[lane] = response[0]
+            for entry_id, fields in response[1]:
+                if fields:
+                    entries.append(Entry(lane, entry_id, fields, reclaimed=True))
+        return entries
+
+    async def begin(self, request_id: str) -> Start:
+        keys = [
+            self.keys.job(request_id),
+            self.keys.result(request_id),
+            self.keys.cancel(request_id),
+            self.keys.partial(request_id),
+        ]
+        reply: list[Any] = await self.scripts.begin(keys=keys, args=[self.settings.max_attempts, self.worker_id])
+        outcome = reply[0]
+        if outcome == "run":
+            return Start("run", attempt=int(reply[1]), partial=str(reply[2]), partial_tokens=int(reply[3]))
+        if outcome == "dead":
+            return Start("dead", attempt=int(reply[1]), reason=str(reply[2]))
+        if outcome in ("done", "gone", "cancelled"):
+            return Start(outcome)
+        raise ValueError(f"BEGIN returned {reply!r}")
+
+    async def chunk(self, job: Job, attempt: int, call: int, text: str, tokens: int, chunks: list[str]) -> int:
+        """Publish streamed chunks (only while this attempt owns the request).
+
+        call numbers this attempt's chunk calls from 1, so that a call retried
+        after a lost reply is applied once. Returns the seq (0: applied before)
+        or -1 when another attempt owns the request now.
+        """
+        keys = [self.keys.job(job.id), self.keys.partial(job.id), job.reply]
+        args: list[Any] = [
+            attempt,
+            job.id,
+            text,
+            tokens,
+            "[" + ",".join(chunks) + "]",
+            self.settings.reply_maxlen,
+            self._ttl_s(job),
+            f"{attempt}:{call}",
+        ]
+        seq: int = await self.scripts.chunk(keys=keys, args=args)
+        return int(seq)
+
+    def _ttl_s(self, job: Job) -> int:
+        return int(max(job.deadline_ms - job.enqueued_ms, 0) / 1000) + self.settings.result_ttl_s
+
+    def _deliver_args(
+        self, entry: Entry, request_id: str, subject: str, reply: str, attempt: int, result: Result, fenced: bool
+    ) -> tuple[list[str], list[Any]]:
+        keys = [
+            self.keys.result(request_id),
+            self.keys.job(request_id),
+            reply or self.keys.reply("none"),
+            self.keys.lane(entry.lane),
+            self.keys.concurrency(subject),
+            self.keys.partial(request_id),
+        ]
+        args: list[Any] = [
+            result.to_json(),
+            self.settings.result_ttl_s,
+            GROUP,
+            entry.entry_id,
+            request_id,
+            attempt,
+            "1" if fenced else "0",
+            self.settings.reply_maxlen,
+            result.status,
+            "1" if reply else "0",
+        ]
+        return keys, args
+
+    async def deliver(self, entry: Entry, job: Job, attempt: int, result: Result, *, fenced: bool) -> int:
+        """1: this result is the answer; 0: an earlier one was (a duplicate); -1: fenced off."""
+        keys, args = self._deliver_args(entry, job.id, job.subject, job.reply, attempt, result, fenced)
+        outcome: int = await self.scripts.deliver(keys=keys, args=args)
+        return int(outcome)
+
+    async def dead_letter(self, entry: Entry, job: Job | None, reason: str, attempts: int, result: Result) -> int:
+        request_id = job.id if job else entry.request_id
+        subject = job.subject if job else ""
+        reply = job.reply if job else ""
+        keys, args = self._deliver_args(entry, request_id, subject, reply, attempts, result, fenced=False)
+        keys.append(self.keys.dead_letter)
+        job_json = entry.fields.get("job") or json.dumps(entry.fields)
+        args += [reason, attempts, job_json, self.settings.dead_letter_maxlen, entry.lane]
+        outcome: int = await self.scripts.dead_letter(keys=keys, args=args)
+        return int(outcome)
+
+    async def ack(self, entry: Entry) -> None:
+        """Acknowledge and delete an entry that needs no answer (already answered, or expired)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xack(self.keys.lane(entry.lane), GROUP, entry.entry_id)
+            pipe.xdel(self.keys.lane(entry.lane), entry.entry_id)
+            await pipe.execute()
+
+    async def cancelled(self, request_ids: list[str]) -> set[str]:
+        """Which of these requests their client cancelled (a lost PUBLISH is caught here)."""
+        if not request_ids:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.exists(self.keys.cancel(request_id))
+            flags = await pipe.execute()
+        return {request_id for request_id, flag in zip(request_ids, flags, strict=True) if flag}
+
+    async def touch(self, entries: Iterable[Entry], *, idle_ms: int = 0) -> int:
+        """Reset (or, with a large idle_ms, hand back) the idle time of entries this worker still holds."""
+        by_lane: dict[str, list[str]] = {}
+        for entry in entries:
+            by_lane.setdefault(entry.lane, []).append(entry.entry_id)
+        touched = 0
+        for lane, ids in by_lane.items():
+            count: int = await self.scripts.touch(
+                keys=[self.keys.lane(lane)], args=[GROUP, self.worker_id, idle_ms, *ids]
+            )
+            touched += int(count)
+        return touched
+
+    async def hand_back(self, entries: list[Entry], started: Iterable[str] = ()) -> int:
+        """Give entries back for any worker to take at once (graceful drain).
+
+        Requests this worker had started go back to state "queued", so the next
+        attempt does not record them as lost.
+        """
+        if not entries:
+            return 0
+        started_ids = set(started)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry in entries:
+                if entry.request_id in started_ids:
+                    pipe.hset(self.keys.job(entry.request_id), "state", "queued")
+            await pipe.execute()
+        return await self.touch(entries, idle_ms=HAND_BACK_IDLE_MS)
+
+    async def depth(self) -> dict[str, tuple[int, int]]:
+        """lane -> (entries in the stream, entries delivered and not yet acknowledged)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for lane in self.settings.lanes:
+                pipe.xlen(self.keys.lane(lane))
+                pipe.xpending(self.keys.lane(lane), GROUP)
+            values = await pipe.execute()
+        out = {}
+        for index, lane in enumerate(self.settings.lanes):
+            pending = values[2 * index + 1]
+            out[lane] = (int(values[2 * index]), int(pending.get("pending", 0)) if isinstance(pending, dict) else 0)
+        return out

@@ -1,0 +1,537 @@
+"""The worker: takes requests from the queue, calls engines, delivers each result once.
+
+Tasks of one worker process (all on one asyncio loop):
+- take: up to `concurrency` requests in flight; highest lane first;
+- reclaim: XAUTOCLAIM entries idle past claim_idle_ms (their worker died);
+- heartbeat: TOUCH held entries; cancel requests whose client went away;
+- cancel listener: the gateways' PUBLISH on <prefix>:cancel stops a request at once;
+- health: the engine pool's checks; report: the engine registry and queue gauges;
+- http: /metrics, /healthz, /readyz on listen_host:listen_port.
+
+SIGTERM drains: stop taking work, let in-flight requests finish within
+drain_timeout_s, hand back the rest (idle set far past claim_idle_ms, so the
+next XAUTOCLAIM anywhere takes them at their place in the queue), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import redis.asyncio as aioredis
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError, ResponseError
+
+from llmfleet.serve.queue import registry
+from llmfleet.serve.queue.consumer import Consumer, Entry
+from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
+from llmfleet.serve.worker.config import WorkerSettings
+from llmfleet.serve.worker.engine import EngineCaller, Fenced, engine_session
+from llmfleet.serve.worker.metrics import WorkerMetrics
+from llmfleet.serve.worker.pool import EnginePool
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OUTCOMES = {1: "answer", 0: "duplicate", -1: "fenced"}
+
+
+@dataclass
+class InFlight:
+    entry: Entry
+    task: asyncio.Task[None] | None = None
+    work: asyncio.Task[Result] | None = None
+    job: Job | None = None
+    stop_reason: str | None = None  # "client" or "drain"
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or WorkerMetrics()
+        self.id = settings.id
+        self.inflight: dict[str, InFlight] = {}
+        self.draining = False
+        self.closing = False
+        self.redis_ok = False
+        self._slot_free = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._loops: list[asyncio.Task[None]] = []
+        self._http_server: asyncio.Server | None = None
+        self.client: aioredis.Redis | None = None
+        self.blocking: aioredis.Redis | None = None
+        self.http: aiohttp.ClientSession | None = None
+
+    # -- start and stop -------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.client = settings.redis.client(name=self.id)
+        self.blocking = settings.redis.client(blocking_s=settings.block_ms / 1000, name=f"{self.id}-read")
+        self.consumer = Consumer(self.client, self.blocking, settings.queue, self.id)
+        self.http = engine_session(settings.concurrency, settings.connect_timeout_s, settings.queue.request_timeout_s)
+        self.pool = EnginePool(
+            settings.engines,
+            self.http,
+            self.metrics,
+            health_interval_s=settings.health_interval_s,
+            health_timeout_s=settings.health_timeout_s,
+            eject_after=settings.eject_after,
+            eject_s=settings.eject_s,
+        )
+        self.caller = EngineCaller(
+            pool=self.pool,
+            http=self.http,
+            consumer=self.consumer,
+            metrics=self.metrics,
+            worker_id=self.id,
+            retries=settings.retries,
+            retry_backoff_s=settings.retry_backoff_s,
+            request_timeout_s=settings.queue.request_timeout_s,
+            health_interval_s=settings.health_interval_s,
+        )
+        self.metrics.capacity.set(settings.concurrency)
+        if settings.listen_port:
+            self._http_server = await asyncio.start_server(self._serve_http, settings.listen_host, settings.listen_port)
+        await self._until_redis(self.consumer.ensure_groups)
+        await self.pool.check_all()
+        await self._report()
+        self._background = [
+            asyncio.create_task(self.pool.run_checks(), name="health"),
+            asyncio.create_task(self._every(settings.health_interval_s, self._report), name="report"),
+            asyncio.create_task(self._every(settings.heartbeat_s, self._heartbeat), name="heartbeat"),
+            asyncio.create_task(self._listen_cancels(), name="cancels"),
+        ]
+        self._loops = [
+            asyncio.create_task(self._take_loop(), name="take"),
+            asyncio.create_task(
+                self._every(settings.queue.claim_idle_ms / 2000, self._reclaim, until_drain=True), name="reclaim"
+            ),
+        ]
+        log.info(
+            "worker %s started: %d engines, concurrency %d, lanes %s",
+            self.id,
+            len(settings.engines),
+            settings.concurrency,
+            ", ".join(settings.queue.lanes),
+        )
+
+    async def drain(self) -> None:
+        """Stop taking work, finish in-flight requests within drain_timeout_s, hand back the rest."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        log.info("worker %s draining: %d requests in flight", self.id, len(self.inflight))
+        try:
+            await self._report()  # tells the gateways now, not after engine_stale_s
+        except RedisError as error:
+            log.warning("draining: could not report it to redis: %s", error)
+        # The loops see `draining` within one blocking read; what they took meanwhile is handed back.
+        _done, stuck = await asyncio.wait(self._loops, timeout=self.settings.block_ms / 1000 + 5)
+        await cancel_and_wait(stuck, 2.0)
+        pending = [record.task for record in self.inflight.values() if record.task is not None]
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
+            if still:
+                log.warning("drain deadline passed: handing back %d unfinished requests", len(still))
+                for record in list(self.inflight.values()):
+                    record.stop_reason = "drain"
+                    if record.work is not None:
+                        record.work.cancel()
+                await asyncio.wait(still, timeout=10)
+
+    async def close(self) -> None:
+        self.closing = True
+        await cancel_and_wait(self._background + self._loops, 3.0)
+        if self.client is not None:
+            try:
+                await registry.withdraw(self.client, self.consumer.keys, self.id)
+            except RedisError as error:  # the report expires after engine_stale_s anyway
+                log.warning("could not withdraw this worker's engine report: %s", error)
+        if self._http_server is not None:
+            self._http_server.close()
+        if self.http is not None:
+            await self.http.close()
+        for client in (self.client, self.blocking):
+            if client is not None:
+                await client.aclose()
+
+    # -- loops ----------------------------------------------------------------
+
+    async def _every(
+        self, interval_s: float, step: Callable[[], Awaitable[None]], *, until_drain: bool = False
+    ) -> None:
+        while not self.closing and not (until_drain and self.draining):
+            await asyncio.sleep(interval_s)
+            try:
+                await step()
+            except RedisError as error:
+                self.redis_ok = False
+                log.warning("%s: redis: %s", step.__name__, error)
+            except Exception:  # a loop must not die quietly: log it and carry on
+                log.exception("%s failed", step.__name__)
+
+    async def _until_redis(self, step: Callable[[], Awaitable[T]]) -> T:
+        backoff = 0.1
+        while True:
+            try:
+                value = await step()
+                self.redis_ok = True
+                return value
+            except RedisError as error:
+                self.redis_ok = False
+                log.warning("waiting for redis: %s", error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _free_slots(self) -> int:
+        return self.settings.concurrency - len(self.inflight)
+
+    async def _take_loop(self) -> None:
+        backoff = 0.1
+        while not self.draining:
+            free = self._free_slots()
+            if free <= 0:
+                self._slot_free.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_free.wait(), 1.0)
+                continue
+            if not any(report.healthy for report in self.pool.reports()):
+                # Taking work no engine can do would only make it wait here instead of in the queue.
+                await self.pool.wait_changed(self.settings.health_interval_s)
+                continue
+            try:
+                entries = await self.consumer.take(free)
+                if not entries:
+                    entries = await self.consumer.wait_take(free, self.settings.block_ms)
+                self.redis_ok = True
+                backoff = 0.1
+            except ResponseError as error:
+                if "NOGROUP" not in str(error):
+                    raise
+                log.warning("consumer groups are gone (Redis lost its data?); creating them again")
+                await self._until_redis(self.consumer.ensure_groups)
+                continue
+            except RedisError as error:
+                self.redis_ok = False
+                log.warning("taking work: redis: %s; retrying in %.1f s", error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for entry in entries:
+                self._spawn(entry)
+
+    async def _reclaim(self) -> None:
+        free = self._free_slots()
+        if free <= 0 or self.draining or not any(report.healthy for report in self.pool.reports()):
+            return
+        entries = await self.consumer.reclaim(free)
+        for entry in entries:
+            if entry.request_id in self.inflight:  # our own entry, gone idle while Redis was away
+                continue
+            log.info("reclaimed request %s (entry %s on lane %s)", entry.request_id, entry.entry_id, entry.lane)
+            self.metrics.redeliveries.inc()
+            self._spawn(entry)
+
+    async def _heartbeat(self) -> None:
+        records = list(self.inflight.values())
+        if not records:
+            return
+        await self.consumer.touch(record.entry for record in records)
+        cancelled = await self.consumer.cancelled([record.entry.request_id for record in records])
+        for request_id in cancelled:
+            self._cancel(request_id)
+        self.redis_ok = True
+
+    async def _listen_cancels(self) -> None:
+        assert self.client is not None
+        channel = self.consumer.keys.cancel_channel
+        while not self.closing:
+            try:
+                async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self._cancel(str(message["data"]))
+            except RedisError as error:
+                log.warning("cancel channel: %s; resubscribing", error)
+                await asyncio.sleep(0.5)
+            except Exception:
+                log.exception("cancel channel failed; resubscribing")
+                await asyncio.sleep(0.5)
+
+    def _cancel(self, request_id: str) -> None:
+        record = self.inflight.get(request_id)
+        if record is None:
+            return
+        if record.work is None:  # taken, not started yet: _process checks the flag before it starts
+            record.stop_reason = "client"
+        elif not record.work.done():
+            log.info("request %s: the client went away; cancelling the engine request", request_id)
+            record.stop_reason = "client"
+            record.work.cancel()
+
+    async def _report(self) -> None:
+        assert self.client is not None
+        self.pool.set_drained({str(url) for url in await self.client.smembers(self.consumer.keys.drained)})
+        await registry.publish(
+            self.client,
+            self.consumer.keys,
+            self.id,
+            self.pool.reports(),
+            ttl_s=self.settings.queue.engine_stale_s,
+            draining=self.draining,
+        )
+        for lane, (length, pending) in (await self.consumer.depth()).items():
+            self.metrics.queue_depth.labels(lane).set(length)
+            self.metrics.queue_pending.labels(lane).set(pending)
+        self.redis_ok = True
+
+    # -- one request ----------------------------------------------------------
+
+    def _spawn(self, entry: Entry) -> None:
+        record = InFlight(entry)
+        self.inflight[entry.request_id] = record
+        record.task = asyncio.create_task(self._handle(record), name=f"request-{entry.request_id}")
+        self.metrics.inflight.set(len(self.inflight))
+
+    async def _handle(self, record: InFlight) -> None:
+        entry = record.entry
+        try:
+            if self.draining:
+                await self.consumer.hand_back([entry])
+                self.metrics.handed_back.inc()
+                return
+            await self._process(record)
+        except RedisError as error:
+            self.metrics.errors.labels("redis").inc()
+            log.warning(
+                "request %s: redis: %s; the entry stays pending and will be taken again", entry.request_id, error
+            )
+        except Exception:
+            self.metrics.errors.labels("internal").inc()
+            log.exception(
+                "request %s: unexpected error; the entry stays pending and will be taken again", entry.request_id
+            )
+        finally:
+            self.inflight.pop(entry.request_id, None)
+            self.metrics.inflight.set(len(self.inflight))
+            self._slot_free.set()
+
+    async def _with_redis(self, job: Job, step: Callable[[], Awaitable[T]]) -> T:
+        """Retry a queue step through a Redis outage until the job's deadline (plus a grace to deliver)."""
+        backoff = 0.05
+        give_up_ms = job.deadline_ms + 30_000
+        while True:
+            try:
+                return await step()
+            except RedisError:
+                if now_ms() > give_up_ms:
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _process(self, record: InFlight) -> None:
+        entry = record.entry
+        try:
+            job = Job.from_json(entry.fields["job"])
+        except (KeyError, ValueError, TypeError) as error:
+            self.metrics.errors.labels("malformed").inc()
+            self.metrics.dead_letters.inc()
+            log.error("entry %s on lane %s is malformed (%s); dead-lettering it", entry.entry_id, entry.lane, error)
+            result = Result(500, error_body("the queued request was malformed", "internal_error", "malformed"))
+            await self.consumer.dead_letter(entry, None, f"malformed entry: {error}", 0, result)
+            return
+        record.job = job
+        start = await self._with_redis(job, lambda: self.consumer.begin(job.id))
+        if start.outcome in ("done", "gone"):
+            await self._with_redis(job, lambda: self.consumer.ack(entry))
+            return
+        if start.outcome == "dead":
+            self.metrics.dead_letters.inc()
+            message = f"gave up after {start.attempt - 1} attempts; last: {start.reason}"
+            log.error("request %s: %s; dead-lettering it", job.id, message)
+            result = Result(
+                502, error_body(message, "engine_error", "dead_letter"), attempt=start.attempt, worker=self.id
+            )
+            await self._with_redis(
+                job, lambda: self.consumer.dead_letter(entry, job, start.reason, start.attempt - 1, result)
+            )
+            return
+        if start.outcome == "cancelled" or record.stop_reason == "client":
+            log.info("request %s: the client went away before it started; not running it", job.id)
+            result = Result(499, error_body("the client cancelled the request", "cancelled", "client_closed"))
+            await self._deliver(entry, job, start.attempt, result)
+            self.metrics.cancelled.inc()
+            return
+        attempt = start.attempt
+        if start.attempt > 1:
+            log.info("request %s: attempt %d (%d characters already streamed)", job.id, attempt, len(start.partial))
+        self.metrics.queue_wait.labels(entry.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
+        if now_ms() > job.queue_deadline_ms and not start.partial:
+            waited = (now_ms() - job.enqueued_ms) / 1000
+            self.metrics.errors.labels("queue_timeout").inc()
+            result = Result(
+                504,
+                error_body(
+                    f"the request waited {waited:.1f} s in the queue, past its queue timeout",
+                    "timeout",
+                    "queue_timeout",
+                ),
+                attempt=attempt,
+                worker=self.id,
+            )
+            await self._deliver(entry, job, attempt, result)
+            return
+        started = time.monotonic()
+        record.work = asyncio.create_task(self.caller.run(job, attempt, start.partial, start.partial_tokens))
+        cancelled = False
+        try:
+            result = await record.work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the worker itself is being torn down
+            if record.stop_reason == "drain":
+                await self.consumer.hand_back([entry], started=[job.id])
+                self.metrics.handed_back.inc()
+                log.info("request %s handed back unfinished (drain deadline)", job.id)
+                return
+            cancelled = True
+            result = Result(
+                499,
+                error_body("the client went away; the request was cancelled", "cancelled", "client_closed"),
+                attempt=attempt,
+                worker=self.id,
+            )
+        except Fenced:
+            self.metrics.errors.labels("fenced").inc()
+            self.metrics.results.labels("fenced").inc()
+            log.warning("request %s: attempt %d lost ownership to a newer attempt; dropping it", job.id, attempt)
+            return
+        finally:
+            self.metrics.engine_time.labels(job.model).observe(time.monotonic() - started)
+        outcome = await self._deliver(entry, job, attempt, result)
+        if cancelled:
+            # Counted once the 499 is stored: whoever sees the count can already read the cancelled result.
+            self.metrics.cancelled.inc()
+        if outcome == 1 and result.ok:
+            usage = result.body.get("usage") or {}
+            prompt = int(usage.get("prompt_tokens") or 0)
+            self.metrics.prompt_tokens.labels(job.model).inc(prompt)
+            self.metrics.prompt_token_sizes.labels(job.model).observe(prompt)
+            self.metrics.completion_tokens.labels(job.model).inc(int(usage.get("completion_tokens") or 0))
+            self.metrics.end_to_end.labels(job.model, job.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
+
+    async def _deliver(self, entry: Entry, job: Job, attempt: int, result: Result) -> int:
+        # Streams are fenced: only the attempt that owns the request may answer (its chunks went out).
+        # Before any attempt started (attempt 0: cancelled while queued) there is nothing to fence.
+        fenced = job.stream and attempt > 0
+        outcome = await self._with_redis(job, lambda: self.consumer.deliver(entry, job, attempt, result, fenced=fenced))
+        self.metrics.results.labels(OUTCOMES.get(outcome, "unknown")).inc()
+        if outcome == 0:
+            log.info("request %s: attempt %d finished after an earlier result; discarded", job.id, attempt)
+        return outcome
+
+    # -- http -----------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if not self.redis_ok:
+            return False, "redis unreachable"
+        if not any(report.healthy for report in self.pool.reports()):
+            return False, "no healthy engine"
+        return True, "ready"
+
+    async def _serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP/1.0 responder for Prometheus and container health checks."""
+        try:
+            async with asyncio.timeout(5):
+                request_line = await reader.readline()
+                while (await reader.readline()).strip():
+                    pass
+            parts = request_line.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            status, content_type, body = 404, "text/plain", b"not found\n"
+            if path == "/metrics":
+                status, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+            elif path == "/healthz":
+                status, body = 200, b"ok\n"
+            elif path == "/readyz":
+                ok, reason = self.ready()
+                status, body = (200 if ok else 503), f"{reason}\n".encode()
+            reason_phrase = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            head = (
+                f"HTTP/1.0 {status} {reason_phrase}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Cancel tasks and wait for them, at most timeout_s.
+
+    Bounded on purpose: on Python 3.11, asyncio.wait_for (which redis-py uses
+    for socket writes) can swallow a cancellation that races with the inner
+    operation finishing, and the task then carries on. Loops here also stop
+    on flags (`closing`, `draining`), so a swallowed cancel only delays them.
+    """
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        log.warning("task %s did not stop within %.0f s of being cancelled", task.get_name(), timeout_s)
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: log every asyncio task's stack (what is this worker waiting on?)."""
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        awaitable: Any = task.get_coro()
+        while awaitable is not None and len(chain) < 30:
+            frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}:{frame.f_lineno}")
+            awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
+        log.warning("task %s: %s", task.get_name(), " -> ".join(chain) or repr(task))
+
+
+async def run(settings: WorkerSettings) -> int:
+    """Run a worker until SIGTERM or SIGINT, then drain and exit."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    worker = Worker(settings)
+    try:
+        starting = asyncio.create_task(worker.start())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped while still waiting for Redis
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 0
+        starting.result()
+        await stopping
+        await worker.drain()
+    finally:
+        await worker.close()
+    log.info("worker %s stopped", worker.id)
+    return 0

@@ -1,0 +1,68 @@
+"""The worker's Prometheus metrics (one registry per Worker, so tests can run several).
+
+Lanes, models and engines come from settings, reasons from a fixed set in the code.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from llmfleet.serve.queue.metrics import TOKEN_BUCKETS, MetricSet
+
+
+class WorkerMetrics(MetricSet):
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.queue_depth = self.gauge(
+            "llmfleet_queue_depth", "Entries in a lane's stream (queued + in flight)", ["lane"]
+        )
+        self.queue_pending = self.gauge(
+            "llmfleet_queue_pending", "Entries delivered to a worker and not yet acknowledged", ["lane"]
+        )
+        self.inflight = self.gauge("llmfleet_worker_inflight", "Requests this worker is processing")
+        self.capacity = self.gauge("llmfleet_worker_concurrency", "Requests this worker may process at once")
+        self.draining = self.gauge("llmfleet_worker_draining", "1 while the worker drains after SIGTERM")
+        self.queue_wait = self.histogram(
+            "llmfleet_queue_wait_seconds", "Time from admission to the start of an attempt", ["lane"]
+        )
+        self.engine_time = self.histogram(
+            "llmfleet_engine_seconds", "Time spent in engine calls for one attempt (retries included)", ["model"]
+        )
+        self.end_to_end = self.histogram(
+            "llmfleet_request_seconds", "Time from admission to the delivered answer", ["model", "lane"]
+        )
+        self.prompt_tokens = self.counter("llmfleet_prompt_tokens", "Prompt tokens of answered requests", ["model"])
+        self.completion_tokens = self.counter(
+            "llmfleet_completion_tokens", "Generated tokens of answered requests", ["model"]
+        )
+        self.prompt_token_sizes = self.histogram(
+            "llmfleet_prompt_tokens_per_request", "Prompt tokens per request", ["model"], buckets=TOKEN_BUCKETS
+        )
+        self.errors = self.counter(
+            "llmfleet_worker_errors",
+            "Failures by reason (connect, timeout, engine_5xx, engine_4xx, no_engine, redis, fenced, malformed)",
+            ["reason"],
+        )
+        self.results = self.counter(
+            "llmfleet_worker_results",
+            "Results by outcome: answer (first, delivered), duplicate (an earlier result won), fenced (not the owner)",
+            ["outcome"],
+        )
+        self.redeliveries = self.counter(
+            "llmfleet_worker_reclaimed", "Entries taken over from a worker that stopped touching them"
+        )
+        self.dead_letters = self.counter("llmfleet_dead_letters", "Entries moved to the dead-letter stream")
+        self.cancelled = self.counter(
+            "llmfleet_worker_cancelled",
+            "Requests cancelled because the client went away (counted once the 499 is stored)",
+        )
+        self.handed_back = self.counter("llmfleet_worker_handed_back", "Entries handed back unfinished during a drain")
+        self.engine_up = self.gauge(
+            "llmfleet_engine_up", "1 when the engine is admitted (healthy, not ejected)", ["engine"]
+        )
+        self.engine_outstanding = self.gauge(
+            "llmfleet_engine_outstanding", "Requests this worker has open on the engine", ["engine"]
+        )
+        self.engine_ejections = self.counter(
+            "llmfleet_engine_ejections", "Times the engine was ejected after failed requests", ["engine"]
+        )

@@ -1,0 +1,187 @@
+"""The engine pool: least-outstanding-requests balancing, health checks, ejection, re-admission.
+
+- Active checks: every health_interval_s each engine's GET /health (200 or
+  not) and, when healthy, GET /v1/models (the served names and max_model_len).
+- Passive ejection: eject_after consecutive failed requests (connection
+  errors, timeouts, 5xx) eject an engine for at least eject_s; only a
+  successful health check after that re-admits it. This catches the engine
+  that says "healthy" on /health but fails every request.
+- Balancing: among admitted engines serving the model, the one with the
+  fewest requests this worker has open on it; ties go round-robin, so an
+  idle pool spreads work instead of always picking the first engine.
+- Draining: an engine in the queue's drained set (`llmfleet worker drain`)
+  gets no new requests; those running on it finish. The worker reads the set
+  every report round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from llmfleet.serve.queue.registry import EngineReport
+from llmfleet.serve.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Engine:
+    url: str
+    healthy: bool = False
+    checked: bool = False
+    ejected_until: float = 0.0
+    consecutive_failures: int = 0
+    outstanding: int = 0
+    drained: bool = False
+    models: dict[str, int] = field(default_factory=dict)
+
+    def admitted(self, now: float) -> bool:
+        return self.healthy and not self.drained and now >= self.ejected_until
+
+
+class EnginePool:
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        http: aiohttp.ClientSession,
+        metrics: WorkerMetrics,
+        *,
+        health_interval_s: float = 2.0,
+        health_timeout_s: float = 2.0,
+        eject_after: int = 2,
+        eject_s: float = 10.0,
+    ) -> None:
+        self.engines = [Engine(url) for url in urls]
+        self.http = http
+        self.metrics = metrics
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.eject_after = eject_after
+        self.eject_s = eject_s
+        self._turn = itertools.count()
+        self.changed = asyncio.Event()
+        for engine in self.engines:
+            metrics.engine_up.labels(engine.url).set(0)
+            metrics.engine_outstanding.labels(engine.url).set(0)
+
+    def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> Engine | None:
+        """The admitted engine serving model with the fewest outstanding requests, avoiding `exclude` if possible."""
+        now = time.monotonic()
+        serving = [engine for engine in self.engines if engine.admitted(now) and model in engine.models]
+        candidates = [engine for engine in serving if engine.url not in exclude] or serving
+        if not candidates:
+            return None
+        least = min(engine.outstanding for engine in candidates)
+        tied = [engine for engine in candidates if engine.outstanding == least]
+        return tied[next(self._turn) % len(tied)]
+
+    def serves(self, model: str) -> bool:
+        now = time.monotonic()
+        return any(engine.admitted(now) and model in engine.models for engine in self.engines)
+
+    @contextlib.contextmanager
+    def using(self, engine: Engine) -> Iterator[None]:
+        engine.outstanding += 1
+        self.metrics.engine_outstanding.labels(engine.url).set(engine.outstanding)
+        try:
+            yield
+        finally:
+            engine.outstanding -= 1
+            self.metrics.engine_outstanding.labels(engine.url).set(engine.outstanding)
+
+    def set_drained(self, urls: set[str]) -> None:
+        """Mark the engines listed in the drained set; the others take work again."""
+        for engine in self.engines:
+            drained = engine.url in urls
+            if drained != engine.drained:
+                log.info("engine %s %s", engine.url, "drained: no new requests" if drained else "takes requests again")
+                engine.drained = drained
+                self.metrics.engine_up.labels(engine.url).set(1 if engine.admitted(time.monotonic()) else 0)
+                self.changed.set()
+
+    def succeeded(self, engine: Engine) -> None:
+        engine.consecutive_failures = 0
+
+    def failed(self, engine: Engine, reason: str) -> None:
+        engine.consecutive_failures += 1
+        if engine.consecutive_failures >= self.eject_after and engine.healthy:
+            log.warning(
+                "ejecting engine %s after %d failed requests (last: %s); a health check re-admits it after %.0f s",
+                engine.url,
+                engine.consecutive_failures,
+                reason,
+                self.eject_s,
+            )
+            engine.healthy = False
+            engine.ejected_until = time.monotonic() + self.eject_s
+            self.metrics.engine_ejections.labels(engine.url).inc()
+            self.metrics.engine_up.labels(engine.url).set(0)
+            self.changed.set()
+
+    async def check(self, engine: Engine) -> None:
+        """One active check: /health, then /v1/models when healthy."""
+        healthy = False
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+        try:
+            async with self.http.get(f"{engine.url}/health", timeout=timeout) as response:
+                await response.read()  # read to the end, so the connection is kept for the next check
+                healthy = response.status == 200
+            if healthy:
+                async with self.http.get(f"{engine.url}/v1/models", timeout=timeout) as response:
+                    response.raise_for_status()
+                    served = json.loads(await response.read())["data"]
+                engine.models = {str(model["id"]): int(model.get("max_model_len") or 0) for model in served}
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
+            if engine.healthy or not engine.checked:
+                log.warning("engine %s failed its health check: %s", engine.url, type(error).__name__)
+            healthy = False
+        was = engine.admitted(time.monotonic())
+        engine.checked = True
+        if healthy and time.monotonic() >= engine.ejected_until:
+            if not engine.healthy:
+                log.info("engine %s admitted (models: %s)", engine.url, ", ".join(sorted(engine.models)))
+            engine.healthy = True
+            engine.consecutive_failures = 0
+        elif not healthy:
+            engine.healthy = False
+        now_admitted = engine.admitted(time.monotonic())
+        self.metrics.engine_up.labels(engine.url).set(1 if now_admitted else 0)
+        if was != now_admitted:
+            self.changed.set()
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(engine) for engine in self.engines))
+
+    async def run_checks(self) -> None:
+        """Check every engine every health_interval_s, forever."""
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.check_all()
+
+    def reports(self) -> list[EngineReport]:
+        now = time.monotonic()
+        return [
+            EngineReport(
+                url=engine.url,
+                healthy=engine.admitted(now),
+                models=dict(engine.models),
+                outstanding=engine.outstanding,
+                drained=engine.drained,
+            )
+            for engine in self.engines
+        ]
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Wait until an engine is admitted or ejected, or timeout_s passes."""
+        self.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout_s)
