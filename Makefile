@@ -1,8 +1,12 @@
 # Shorthands for the two README commands; the scripts work without make.
-.PHONY: lab test down
+# `make docs` regenerates the role documentation (docs/roles.md and each
+# roles/<role>/README.md) after a role's argument_specs change.
+.PHONY: lab test down docs
 lab:
 	scripts/lab.sh
 test:
 	scripts/test.sh
 down:
 	.venv/bin/llmfleet lab down
+docs:
+	.venv/bin/llmfleet docs roles
