@@ -1,0 +1,166 @@
+"""The runner path for real: the scaler's app runs ansible-runner, not dry, on TEST playbooks (connection local).
+
+The project directory here is a test one: its playbooks/scale_out.yml and
+scale_in.yml are TEST playbooks that only write what they were given (the
+real ones need the lab's hosts). Everything else is real: uvicorn, the policy,
+ansible-inventory with the llmfleet_scaler plugin reading the state file,
+ansible-runner running ansible-playbook against localhost, and its artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from llmfleet.paths import REPO_ROOT
+from llmfleet.serve.scaler.app import create_app
+from llmfleet.serve.scaler.audit import read
+from llmfleet.serve.scaler.config import ScalerSettings
+from llmfleet.serve.scaler.state import load
+from tests.scaler_tools import alert, notification
+from tests.tools import free_loopback_port
+
+# TEST playbook, not the real scale_out.yml: records the variables the scaler
+# passed and the worker_count the inventory plugin applied from the state file.
+TEST_SCALE_OUT = """\
+- name: TEST playbook standing in for playbooks/scale_out.yml
+  hosts: gateways
+  gather_facts: false
+  tags: [always]  # the scaler runs with --tags worker; the real playbooks' own plays are tagged always too
+  tasks:
+    - name: Write what the scaler asked for
+      ansible.builtin.copy:
+        dest: "{{ scaler_test_output }}"
+        content: >-
+          {{ {'scale_kind': scale_kind, 'scale_worker_counts': scale_worker_counts,
+              'worker_count_from_plugin': worker_count, 'limit': ansible_limit, 'action': scale_action_id} | to_json }}
+        mode: "0600"
+"""
+
+# TEST playbook standing in for playbooks/scale_in.yml: it fails, as a broken run would.
+TEST_SCALE_IN_FAILS = """\
+- name: TEST playbook standing in for playbooks/scale_in.yml, failing
+  hosts: gateways
+  gather_facts: false
+  tags: [always]  # the scaler runs with --tags worker; the real playbooks' own plays are tagged always too
+  tasks:
+    - name: Fail as a broken scale-in would
+      ansible.builtin.fail:
+        msg: TEST failure
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    (project / "playbooks").mkdir(parents=True)
+    (project / "playbooks" / "scale_out.yml").write_text(TEST_SCALE_OUT)
+    (project / "playbooks" / "scale_in.yml").write_text(TEST_SCALE_IN_FAILS)
+    (project / "ansible.cfg").write_text(
+        f"[defaults]\ninventory_plugins = {REPO_ROOT / 'plugins' / 'inventory'}\nretry_files_enabled = false\n"
+        "[inventory]\nany_unparsed_is_failed = true\n"
+    )
+    (tmp_path / "inventory" / "hosts.yml").write_text(
+        json.dumps(
+            {
+                "all": {
+                    "vars": {"scaler_test_output": str(tmp_path / "ran.json")},
+                    "children": {
+                        "gateways": {
+                            "hosts": {
+                                "gw-local": {
+                                    "ansible_connection": "local",
+                                    "ansible_python_interpreter": sys.executable,
+                                    "worker_count": 1,
+                                }
+                            }
+                        },
+                        "gpu_nodes": {"hosts": {}},
+                        "gpu_standby": {"hosts": {}},
+                    },
+                }
+            }
+        )
+    )
+    return project
+
+
+@pytest.fixture
+def client(
+    make_settings: Callable[..., ScalerSettings], project: Path
+) -> Iterator[tuple[httpx.Client, ScalerSettings]]:
+    settings = make_settings(
+        LLMFLEET_SCALER_PORT=str(free_loopback_port()),
+        LLMFLEET_SCALER_PROJECT_DIR=str(project),
+        LLMFLEET_SCALER_WORKERS__MIN="1",
+        LLMFLEET_SCALER_WORKERS__MAX="4",
+        LLMFLEET_SCALER_WORKERS__COOLDOWN_IN_S="0",
+        LLMFLEET_SCALER_WORKERS__COOLDOWN_OUT_S="0",
+    )
+    app = create_app(settings)  # the real AnsibleRunner and ansible-inventory
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, "uvicorn to start")
+    token = settings.token_file.read_text().strip()
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{settings.port}", headers={"Authorization": f"Bearer {token}"}, timeout=120
+    ) as http:
+        yield http, settings
+    server.should_exit = True
+    thread.join(60)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
+    client: tuple[httpx.Client, ScalerSettings], tmp_path: Path
+) -> None:
+    http, settings = client
+    state_file = settings.state_dir / "state.json"
+    response = http.post("/alerts", json=notification(alert("ScaleOutNeeded", "workers", "out")))
+    assert response.status_code == 200
+    decision = response.json()["decisions"][0]
+    assert (decision["outcome"], decision["action"]["worker_counts"]) == ("taken", {"gw-local": 2})
+    wait_for(lambda: load(state_file).in_flight is None, "the playbook run to end")
+
+    ran = json.loads((tmp_path / "ran.json").read_text())
+    assert ran == {
+        "scale_kind": "workers",
+        "scale_worker_counts": {"gw-local": 2},
+        # The inventory plugin applied the in-flight count from the state file to the run's inventory.
+        "worker_count_from_plugin": 2,
+        "limit": "gateways",
+        "action": decision["action"]["id"],
+    }
+    assert load(state_file).worker_counts == {"gw-local": 2}
+    end = next(r for r in read(settings.state_dir / "audit.jsonl") if r["event"] == "action_end")
+    assert (end["result"], end["rc"]) == ("successful", 0)
+    artifacts = Path(end["artifacts"])
+    assert artifacts == settings.state_dir / "runner" / "artifacts" / decision["action"]["id"]
+    assert (artifacts / "rc").read_text().strip() == "0"
+    assert "Write what the scaler asked for" in (artifacts / "stdout").read_text()
+
+    # A failing playbook: the action ends failed, membership stays as it was.
+    response = http.post("/alerts", json=notification(alert("ScaleInPossible", "workers", "in", fingerprint="in1")))
+    assert response.json()["decisions"][0]["outcome"] == "taken"
+    wait_for(lambda: load(state_file).in_flight is None, "the failing run to end")
+    ends = [r for r in read(settings.state_dir / "audit.jsonl") if r["event"] == "action_end"]
+    assert [(e["result"], e["rc"]) for e in ends] == [("successful", 0), ("failed", 2)]
+    assert load(state_file).worker_counts == {"gw-local": 2}
+    metrics = http.get("/metrics").text
+    assert 'llmfleet_scaler_actions_total{direction="in",kind="workers",result="failed"} 1.0' in metrics
+    assert 'llmfleet_scaler_worker_count{host="gw-local"} 2.0' in metrics
