@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-DEFAULTS = yaml.safe_load((Path(__file__).parents[3] / "defaults" / "main.yml").read_text())
-PINNED = {package["name"]: package["version"] for package in DEFAULTS["docker_packages"]}
+# The test host is Debian 12: its default pins are vars/Debian-12.yml's.
+RELEASE_PINS = yaml.safe_load((Path(__file__).parents[3] / "vars" / "Debian-12.yml").read_text())
+PINNED = {package["name"]: package["version"] for package in RELEASE_PINS["__docker_packages"]}
 DAEMON_JSON = "/etc/docker/daemon.json"
 CHECKER = "/usr/local/libexec/llmfleet/docker-config-check"
 IMAGE = "llmfleet-molecule/probe:1"

@@ -101,3 +101,10 @@ def test_reboot_is_recorded_as_required(host):
     boot_id = host.file("/proc/sys/kernel/random/boot_id").content_string.strip()
     assert marker.content_string.startswith(f"boot_id={boot_id}\n")
     assert "reason=NVIDIA driver 535.261.03" in marker.content_string
+
+
+def test_unattended_upgrades_leave_kernels_alone(host):
+    # apt reads the blacklist the role wrote, as unattended-upgrades will.
+    dumped = host.check_output("apt-config dump Unattended-Upgrade::Package-Blacklist")
+    for pattern in ("^linux-image-", "^linux-headers-", "^linux-modules-"):
+        assert f'"{pattern}";' in dumped
