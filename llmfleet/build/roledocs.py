@@ -164,6 +164,8 @@ def render_readme_block(role: Role) -> str:
 def new_readme(role: Role) -> str:
     """A first README for a role that has none: the generated part and an example to edit."""
     hosts = next((hosts for path, hosts in role.used_by if path.startswith("playbooks/")), "all")
+    # A hosts pattern with Jinja or YAML punctuation must be quoted to stay YAML.
+    hosts = hosts if re.fullmatch(r"[\w:.-]+", hosts) else json.dumps(hosts)
     example = [f"- name: Apply {role.name}", f"  hosts: {hosts}", "  become: true", "  roles:"]
     example.append(f"    - role: {role.name}")
     required = [name for name, option in role.options.items() if option.get("required")]

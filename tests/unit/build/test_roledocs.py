@@ -83,7 +83,9 @@ def _demo_repo(tmp_path: Path) -> Path:
     (role / "defaults" / "main.yml").write_text("demo_port: 8080\n")
     (role / "tasks" / "main.yml").write_text("- name: Nothing\n  ansible.builtin.meta: noop\n")
     (tmp_path / "playbooks").mkdir()
-    (tmp_path / "playbooks" / "demo.yml").write_text("- name: Demo\n  hosts: demos\n  roles:\n    - role: demo\n")
+    (tmp_path / "playbooks" / "demo.yml").write_text(
+        "- name: Demo\n  hosts: \"{{ demo_hosts | default('demos') }}\"\n  roles:\n    - role: demo\n"
+    )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "roles.md").write_text(f"# Roles\n\nBy hand.\n\n{BEGIN}\nold\n{END}\n\nAfter.\n")
     return tmp_path
@@ -103,7 +105,11 @@ def test_write_creates_a_readme_and_keeps_hand_written_text(tmp_path: Path) -> N
     text = readme.read_text()
     # The README's table keeps the first sentence; the reference has it all.
     assert "| `demo_port` | `8080` | Port to listen on. |" in text
-    assert "Applied by [`playbooks/demo.yml`](../../playbooks/demo.yml) on `demos`." in text
+    applied = "Applied by [`playbooks/demo.yml`](../../playbooks/demo.yml) on `{{ demo_hosts | default('demos') }}`."
+    assert applied in text
+    # The new README's example play is YAML even with a Jinja hosts pattern.
+    play = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)[0])
+    assert play[0]["hosts"] == "{{ demo_hosts | default('demos') }}" and play[0]["roles"][0]["role"] == "demo"
     assert "No Molecule scenario applies it" in text
     assert "demo_token: CHANGE-ME  # required" in text
     assert write(repo) == [] and stale(repo) == []
