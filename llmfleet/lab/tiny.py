@@ -58,13 +58,62 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FILES = (CONFIG, GENERATION_CONFIG, MARKER, WEIGHTS, TOKENIZER, TOKENIZER_CONFIG)
 
-# ChatML, as Qwen2 chat models use it, without a default system prompt.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# ChatML with tool calling, laid out as Qwen2 chat templates do (so that
+# vLLM's `hermes` tool parser reads the model's calls), without a default
+# system prompt:
+# - `tools` go into the system turn as one JSON object per line inside
+#   <tools></tools>, followed by how to call them (<tool_call>{"name": ...,
+#   "arguments": {...}}</tool_call>); a first system or developer message
+#   leads that turn;
+# - an assistant turn that called tools carries its calls in that form;
+# - consecutive `tool` results share one user turn, each in <tool_response>.
+CHAT_TEMPLATE = """\
+{%- set ns = namespace(rest=messages) -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if messages and messages[0]['role'] in ['system', 'developer'] -%}
+{{- messages[0]['content'] + '\n\n' -}}
+{%- set ns.rest = messages[1:] -%}
+{%- endif -%}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+{%- for tool in tools -%}
+{{- '\n' + (tool | tojson) -}}
+{%- endfor -%}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments' -}}
+{{- ' within <tool_call></tool_call> XML tags:\n<tool_call>\n' -}}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in ns.rest -%}
+{%- set role = 'system' if message['role'] == 'developer' else message['role'] -%}
+{%- if role == 'tool' -%}
+{%- if loop.first or loop.previtem['role'] != 'tool' -%}
+{{- '<|im_start|>user' -}}
+{%- endif -%}
+{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' -}}
+{%- if loop.last or loop.nextitem['role'] != 'tool' -%}
+{{- '<|im_end|>\n' -}}
+{%- endif -%}
+{%- elif role == 'assistant' and message['tool_calls'] -%}
+{{- '<|im_start|>assistant' -}}
+{%- if message['content'] -%}
+{{- '\n' + message['content'] -}}
+{%- endif -%}
+{%- for call in message['tool_calls'] -%}
+{%- set function = call['function'] if call['function'] is defined else call -%}
+{{- '\n<tool_call>\n{"name": "' + function['name'] + '", "arguments": ' -}}
+{{- (function['arguments'] | tojson) if function['arguments'] is mapping else function['arguments'] -}}
+{{- '}\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + role + '\n' + message['content'] + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
 
 # The tokenizer's training text. Enough distinct words to fill VOCAB_SIZE
 # with merges; changing it changes every tiny model's bytes.

@@ -24,7 +24,7 @@ from llmfleet.serve.gateway.config import GatewaySettings
 from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from llmfleet.serve.gateway.metrics import GatewayMetrics
-from llmfleet.serve.gateway.middleware import BodyLimit, Metrics
+from llmfleet.serve.gateway.middleware import BodyLimit, Metrics, RequestId
 from llmfleet.serve.gateway.routes import chat, completions, health, models, tasks
 from llmfleet.serve.gateway.validation import load_model
 from llmfleet.serve.queue.producer import Producer, ReplyListener
@@ -94,7 +94,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     for router in ROUTERS:
         app.include_router(router)
-    # Added last = outermost: Metrics sees the 413s BodyLimit answers.
+    # Added last = outermost: Metrics sees the 413s BodyLimit answers; RequestId tags every answer
+    # and turns any exception that got this far into an OpenAI-shaped 500.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(Metrics, metrics=metrics)
+    app.add_middleware(RequestId)
     return app

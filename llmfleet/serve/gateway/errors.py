@@ -88,7 +88,10 @@ async def validation_error_handler(_request: Request, error: Exception) -> JSONR
         location = [str(part) for part in item.get("loc", ()) if part != "body"]
         where = ".".join(location) or "body"
         param = param or where
-        problems.append(f"{where}: {item.get('msg', 'invalid')}")
+        text = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        if item.get("type") == "extra_forbidden":
+            text = "not a parameter this gateway accepts (docs/gateway.md lists them)"
+        problems.append(f"{where}: {text}")
     message = "invalid request: " + "; ".join(problems) if problems else "invalid request"
     return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param=param), status_code=400)
 

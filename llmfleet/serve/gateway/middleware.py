@@ -3,12 +3,19 @@
 - BodyLimit: a request body over max_body_bytes is answered 413 before any
   route (and any JSON parser) sees it.
 - Metrics: request counts and latency by route template and status.
+- RequestId (outermost): every request gets an id, sent back as
+  `x-request-id` on every response, errors included, and used as the job's
+  id once queued; an exception nothing else handled becomes an
+  OpenAI-shaped 500 (the traceback goes to the log with the id, never to
+  the client).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,16 +23,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmfleet.serve.gateway.metrics import GatewayMetrics
 from llmfleet.serve.queue.jobs import error_body
 
+log = logging.getLogger(__name__)
+
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006  # never mutated
     content = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(content)).encode()),
+                *headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": content})
@@ -109,3 +122,41 @@ class Metrics:
             method = scope["method"] if scope["method"] in METHODS else "other"  # bounded labels, whatever is sent
             self.metrics.requests.labels(template, method, str(status)).inc()
             self.metrics.latency.labels(template).observe(time.perf_counter() - started)
+
+
+def request_id(scope: Scope) -> str:
+    """The id RequestId gave this request."""
+    return str(scope.get("state", {}).get("request_id") or "")
+
+
+class RequestId:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        header = (b"x-request-id", rid.encode())
+        started = False
+
+        async def tagged(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [(name, value) for name, value in message.get("headers", []) if name != b"x-request-id"]
+                message = {**message, "headers": [*headers, header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tagged)
+        except Exception:
+            log.exception("request %s (%s %s) failed", rid, scope.get("method"), scope.get("path"))
+            if started:
+                raise  # the status line is out: all that is left is to drop the connection
+            body = error_body(
+                f"internal error; quote request id {rid} when reporting it", "server_error", "internal_error"
+            )
+            await _send_json(send, 500, body, [header])

@@ -19,6 +19,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -30,9 +31,10 @@ from llmfleet.serve.gateway import ratelimit
 from llmfleet.serve.gateway.auth import Principal, forbidden_model
 from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError, queue_unavailable
+from llmfleet.serve.gateway.middleware import request_id
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmfleet.serve.gateway.validation import check_chat, check_completion
-from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms, result_text
+from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms
 from llmfleet.serve.queue.producer import Waiter
 
 log = logging.getLogger(__name__)
@@ -98,11 +100,11 @@ async def submit(
     queue = settings.queue
     now = now_ms()
     job = Job(
-        id=uuid.uuid4().hex,
+        id=request_id(request.scope) or uuid.uuid4().hex,
         kind=kind,
         model=name,
         payload=checked.payload,
-        stream=body.stream,
+        stream=bool(body.stream),
         reply="" if task_mode else state.producer.reply_key,
         subject=principal.subject,
         tenant=principal.tenant,
@@ -114,7 +116,9 @@ async def submit(
         queue_deadline_ms=now + int(queue.queue_timeout_s * 1000),
     )
     tier = settings.tiers[principal.tier]
-    limits = ratelimit.limits_for(principal, tier, state.producer.keys, checked.prompt_tokens + checked.max_tokens)
+    # Tokens charged: the prompt and every choice's answer (n choices may each use max_tokens).
+    cost = checked.prompt_tokens + checked.max_tokens * body.choices
+    limits = ratelimit.limits_for(principal, tier, state.producer.keys, cost)
     waiter = None if task_mode else state.replies.register(job.id, job.deadline_ms + DEADLINE_GRACE_MS)
     try:
         admission = await state.producer.admit(
@@ -287,29 +291,79 @@ def _sse(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _chunk(job: Job, text: str, finish_reason: str | None) -> str:
-    if job.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish_reason}
-        kind = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        kind = "text_completion"
+def _chunk(job: Job, choices: list[dict[str, Any]]) -> str:
     return json.dumps(
         {
             "id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
-            "object": kind,
+            "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
             "created": job.enqueued_ms // 1000,
             "model": job.model,
-            "choices": [choice],
+            "choices": choices,
         }
     )
+
+
+@dataclass
+class _Sent:
+    """What the client has of one choice: its text, and whether any tool call delta reached it."""
+
+    text: list[str] = field(default_factory=list)
+    tool_calls: bool = False
+
+
+def _track(job: Job, sent: dict[int, _Sent], chunk: dict[str, Any]) -> None:
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        into = sent.setdefault(int(choice.get("index") or 0), _Sent())
+        if job.kind == "chat":
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                into.text.append(delta["content"])
+            if delta.get("tool_calls"):
+                into.tool_calls = True
+        elif isinstance(choice.get("text"), str):
+            into.text.append(choice["text"])
+
+
+def _remainder(job: Job, sent: dict[int, _Sent], body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunk choices that complete what the client has, from the final result (after lost chunks)."""
+    out = []
+    for choice in body.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        index = int(choice.get("index") or 0)
+        have = sent.get(index, _Sent())
+        already = "".join(have.text)
+        message: dict[str, Any] = (choice.get("message") or {}) if job.kind == "chat" else {}
+        value = message.get("content") if job.kind == "chat" else choice.get("text")
+        full: str = value if isinstance(value, str) else ""
+        if not full.startswith(already):
+            log.error("request %s: streamed text of choice %d is not a prefix of the final result", job.id, index)
+            rest = ""
+        else:
+            rest = full[len(already) :]
+        finish = choice.get("finish_reason")
+        calls = message.get("tool_calls") if not have.tool_calls else None
+        if not rest and not calls and index in sent:
+            continue  # the client has all of it
+        if job.kind == "chat":
+            delta: dict[str, Any] = {"content": rest} if rest or index not in sent else {}
+            if calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            if index not in sent:
+                delta = {"role": "assistant", **delta}
+            out.append({"index": index, "delta": delta, "logprobs": None, "finish_reason": finish})
+        else:
+            out.append({"index": index, "text": rest, "logprobs": None, "finish_reason": finish})
+    return out
 
 
 async def _relay(
     state: AppState, job: Job, waiter: Waiter, first: ReplyEvent, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
     """Server-sent events for a streamed request; always ends with `data: [DONE]`."""
-    sent: list[str] = []
+    sent: dict[int, _Sent] = {}
     expected = 1
     gap = False
     finished = False
@@ -320,8 +374,8 @@ async def _relay(
             if result is None and isinstance(event, ReplyEvent):
                 if event.seq == expected and not gap:
                     expected += 1
-                    sent.append(event.text)
                     for data in json.loads(event.data):
+                        _track(job, sent, data)
                         yield _sse(json.dumps(data, separators=(",", ":")))
                 elif event.seq > expected:
                     gap = True  # chunks were lost on the way: the final result fills them in
@@ -337,17 +391,13 @@ async def _relay(
             if result.status != 200:
                 yield _sse(json.dumps(result.body))
             else:
-                full = result_text(job.kind, result.body)
-                already = "".join(sent)
-                choices = result.body.get("choices") or [{}]
-                finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-                if full.startswith(already) and len(full) > len(already):
-                    yield _sse(_chunk(job, full[len(already) :], finish))
-                elif not full.startswith(already):
-                    log.error("request %s: streamed text is not a prefix of the final result", job.id)
+                # Whatever the client lacks (lost chunks, or an answer that was complete before any chunk
+                # was relayed) comes from the final result.
+                choices = _remainder(job, sent, result.body)
+                if choices:
+                    yield _sse(_chunk(job, choices))
                 if include_usage and result.body.get("usage"):
-                    usage_chunk = json.loads(_chunk(job, "", None))
-                    usage_chunk["choices"] = []
+                    usage_chunk = json.loads(_chunk(job, []))
                     usage_chunk["usage"] = result.body["usage"]
                     yield _sse(json.dumps(usage_chunk))
             yield _sse("[DONE]")

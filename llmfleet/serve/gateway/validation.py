@@ -5,21 +5,23 @@ the same Rust tokenizer vLLM's fast tokenizer wraps):
 
 - completions: the prompt encoded as vLLM does (with the tokenizer's own
   special-token post-processing); a prompt of token ids is counted as given;
-- chat: the messages rendered with ChatML, the template of Qwen2 chat models
-  and of the project's tiny model, then encoded without extra special tokens:
+- chat: the messages (and tools) rendered with the model's own chat template
+  (chat_template.jinja, else tokenizer_config.json's chat_template) exactly
+  as vLLM renders it (llmfleet.serve.gateway.chat_template), then encoded
+  without extra special tokens.
 
-      <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
-
-  A model whose chat template is not ChatML gets a count that may differ by a
-  few tokens per message; the engine still refuses anything that does not fit,
-  and that 400 reaches the client as well.
-
-prompt tokens + max_tokens must fit max_model_len (the engines' own figure,
-else config.json's max_position_embeddings, else the operator's override).
-Otherwise the answer is a 400 naming both numbers, or, if the operator set
-LLMFLEET_GATEWAY_TRUNCATE_PROMPTS, the prompt is cut to fit: a completion
-prompt keeps its last tokens; a chat drops its oldest non-system messages
-(never the last one) until it fits.
+The context rule is vLLM 0.32's own, so that the gateway and the engine never
+disagree: the prompt must leave room for at least one token (prompt tokens <
+max_model_len), and max_tokens is clamped to the room left (vLLM's
+get_max_tokens does the same), so a request whose prompt + max_tokens run past
+the context is served, with finish_reason "length" at the context's end.
+max_model_len is the operator's override, else the engines' own figure, else
+config.json's max_position_embeddings. A prompt with no room left is a 400
+naming both numbers, or, if the operator set LLMFLEET_GATEWAY_TRUNCATE_PROMPTS,
+it is cut so that the requested max_tokens fits: a completion prompt keeps its
+last tokens; a chat drops its oldest turns (never system or developer
+messages, never the last message; an assistant's tool calls go together with
+their tool results).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from llmfleet.serve.gateway.chat_template import ChatTemplate, TemplateError
 from llmfleet.serve.gateway.errors import APIError
 from llmfleet.serve.queue.config import SettingsError
 
@@ -47,6 +50,7 @@ class ModelInfo:
     vocab_size: int
     config_max_len: int | None
     override_max_len: int | None
+    chat_template: ChatTemplate | None = None
 
     def max_model_len(self, engine_max_len: int) -> int:
         """The operator's override, else what the engines report, else config.json."""
@@ -57,6 +61,28 @@ class ModelInfo:
         if self.config_max_len:
             return self.config_max_len
         raise APIError(503, f"max_model_len of model {self.name!r} is unknown", "server_error", "model_unavailable")
+
+
+def _read_json(name: str, file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise SettingsError(f"model {name!r}: {file} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"model {name!r}: {file} is not a JSON object")
+    return data
+
+
+def load_template(name: str, path: Path) -> ChatTemplate | None:
+    """The model's chat template: chat_template.jinja if present (as transformers prefers), else the config's."""
+    config_file = path / "tokenizer_config.json"
+    config = _read_json(name, config_file) if config_file.is_file() else {}
+    jinja_file = path / "chat_template.jinja"
+    try:
+        source = jinja_file.read_text() if jinja_file.is_file() else None
+        return ChatTemplate.from_tokenizer_config(config, source)
+    except TemplateError as error:
+        raise SettingsError(f"model {name!r}: its chat template does not compile: {error}") from None
 
 
 def load_model(name: str, path: Path, override_max_len: int | None = None) -> ModelInfo:
@@ -70,12 +96,11 @@ def load_model(name: str, path: Path, override_max_len: int | None = None) -> Mo
     config_max_len = None
     config_file = path / "config.json"
     if config_file.is_file():
+        value = _read_json(name, config_file).get("max_position_embeddings")
         try:
-            config = json.loads(config_file.read_text())
-            value = config.get("max_position_embeddings")
             config_max_len = int(value) if value else None
-        except (ValueError, TypeError, AttributeError) as error:
-            raise SettingsError(f"model {name!r}: {config_file} is not valid JSON: {error}") from None
+        except (TypeError, ValueError):
+            raise SettingsError(f"model {name!r}: max_position_embeddings {value!r} is not a number") from None
     return ModelInfo(
         name=name,
         path=path,
@@ -83,23 +108,8 @@ def load_model(name: str, path: Path, override_max_len: int | None = None) -> Mo
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         config_max_len=config_max_len,
         override_max_len=override_max_len,
+        chat_template=load_template(name, path),
     )
-
-
-def message_text(content: str | list[dict[str, Any]] | None) -> str:
-    """The text of a message's content: a string, or OpenAI content parts of type "text"."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
-
-
-def render_chatml(messages: list[dict[str, Any]]) -> str:
-    rendered = "".join(
-        f"<|im_start|>{message['role']}\n{message_text(message.get('content'))}<|im_end|>\n" for message in messages
-    )
-    return rendered + "<|im_start|>assistant\n"
 
 
 async def _encode(tokenizer: Tokenizer, text: str, *, special: bool) -> list[int]:
@@ -109,11 +119,12 @@ async def _encode(tokenizer: Tokenizer, text: str, *, special: bool) -> list[int
     return list(encoding.ids)
 
 
-def context_error(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str) -> APIError:
+def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> APIError:
+    wanted = f" and max_tokens is {max_tokens}" if max_tokens is not None else ""
     return APIError(
         400,
-        f"the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}: {prompt_tokens + max_tokens} tokens"
-        f" do not fit this model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens",
+        f"the prompt is {prompt_tokens} tokens{wanted}: this model's context of {max_model_len} tokens"
+        " leaves no room for an answer; shorten the prompt",
         "invalid_request_error",
         "context_length_exceeded",
         param=param,
@@ -133,21 +144,35 @@ class Checked:
     truncated_tokens: int = 0
 
 
+def check_cap(requested: int | None, cap: int) -> None:
+    if requested is not None and requested > cap:
+        raise APIError(
+            400,
+            f"max_tokens is {requested}, more than this gateway's cap of {cap}",
+            "invalid_request_error",
+            "max_tokens_too_large",
+            param="max_tokens",
+        )
+
+
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int, cap: int, param: str) -> int:
-    if requested is not None:
-        if requested > cap:
-            raise APIError(
-                400,
-                f"max_tokens is {requested}, more than this gateway's cap of {cap}",
-                "invalid_request_error",
-                "max_tokens_too_large",
-                param="max_tokens",
-            )
-        return requested
+    """max_tokens as the engine will use it: the request's (or the cap), clamped to the room the prompt leaves."""
+    check_cap(requested, cap)
     room = max_model_len - prompt_tokens
     if room < 1:
-        raise context_error(prompt_tokens, 1, max_model_len, param)
-    return min(cap, room)
+        raise context_error(prompt_tokens, requested, max_model_len, param)
+    return min(requested if requested is not None else cap, room)
+
+
+def _fits(payload: dict[str, Any], prompt_tokens: int, max_tokens: int, truncated: int = 0) -> Checked:
+    min_tokens = payload.get("min_tokens")
+    if min_tokens is not None and min_tokens > max_tokens:
+        raise APIError(
+            400,
+            f"min_tokens is {min_tokens}, but only {max_tokens} tokens fit after the prompt",
+            param="min_tokens",
+        )
+    return Checked({**payload, "max_tokens": max_tokens}, prompt_tokens, max_tokens, truncated)
 
 
 async def check_completion(
@@ -165,30 +190,114 @@ async def check_completion(
             )
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    max_tokens = resolve_max_tokens(requested, len(ids), max_model_len, cap, "prompt")
-    if len(ids) + max_tokens <= max_model_len:
-        return Checked({**payload, "max_tokens": max_tokens}, len(ids), max_tokens)
-    keep = max_model_len - max_tokens
-    if not truncate or keep < 1:
-        raise context_error(len(ids), max_tokens, max_model_len, "prompt")
-    return Checked({**payload, "prompt": ids[-keep:], "max_tokens": max_tokens}, keep, max_tokens, len(ids) - keep)
+    check_cap(requested, cap)
+    if truncate and requested is not None and len(ids) + requested > max_model_len:
+        keep = max_model_len - requested
+        if keep >= 1:
+            return _fits({**payload, "prompt": ids[-keep:]}, keep, requested, len(ids) - keep)
+    if truncate and requested is None and len(ids) >= max_model_len:
+        keep = max_model_len - 1
+        return _fits({**payload, "prompt": ids[-keep:]}, keep, 1, len(ids) - keep)
+    return _fits(payload, len(ids), resolve_max_tokens(requested, len(ids), max_model_len, cap, "prompt"))
+
+
+def _render(model: ModelInfo, payload: dict[str, Any], messages: list[dict[str, Any]]) -> str:
+    template = model.chat_template
+    if template is None:
+        raise APIError(
+            400,
+            f"model {model.name!r} has no chat template; use /v1/completions",
+            "invalid_request_error",
+            "chat_template_missing",
+            param="messages",
+        )
+    # vLLM renders the tools even with tool_choice "none" (--exclude-tools-when-tool-choice-none is off).
+    tools = payload.get("tools")
+    continue_final = bool(payload.get("continue_final_message"))
+    add_generation = payload.get("add_generation_prompt")
+    try:
+        return template.render(
+            messages,
+            tools,
+            add_generation_prompt=(not continue_final) if add_generation is None else bool(add_generation),
+            continue_final_message=continue_final,
+            reasoning_effort=payload.get("reasoning_effort"),
+            kwargs=payload.get("chat_template_kwargs"),
+        )
+    except TemplateError as error:
+        # The template itself refused the conversation (raise_exception): the engine would too.
+        raise APIError(400, f"the model's chat template refused these messages: {error}", param="messages") from None
+
+
+async def _count_chat(model: ModelInfo, payload: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    return len(await _encode(model.tokenizer, _render(model, payload, messages), special=False))
+
+
+def _drop_units(messages: list[dict[str, Any]]) -> list[list[int]]:
+    """Indexes of what truncation may drop, oldest first: one turn, or an assistant's tool calls with their results."""
+    units: list[list[int]] = []
+    last = len(messages) - 1
+    index = 0
+    while index < last:
+        message = messages[index]
+        if message.get("role") in ("system", "developer"):
+            index += 1
+            continue
+        unit = [index]
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            while index + 1 < last and messages[index + 1].get("role") == "tool":
+                index += 1
+                unit.append(index)
+        units.append(unit)
+        index += 1
+    return units
 
 
 async def check_chat(
     model: ModelInfo, payload: dict[str, Any], requested: int | None, max_model_len: int, cap: int, truncate: bool
 ) -> Checked:
     messages: list[dict[str, Any]] = payload["messages"]
-    original = count = len(await _encode(model.tokenizer, render_chatml(messages), special=False))
-    max_tokens = resolve_max_tokens(requested, count, max_model_len, cap, "messages")
-    if count + max_tokens <= max_model_len:
-        return Checked({**payload, "max_tokens": max_tokens}, count, max_tokens)
-    if not truncate:
-        raise context_error(count, max_tokens, max_model_len, "messages")
-    kept = list(messages)
-    while count + max_tokens > max_model_len:
-        droppable = [i for i, message in enumerate(kept[:-1]) if message.get("role") not in ("system", "developer")]
-        if not droppable:
-            raise context_error(count, max_tokens, max_model_len, "messages")
-        del kept[droppable[0]]
-        count = len(await _encode(model.tokenizer, render_chatml(kept), special=False))
-    return Checked({**payload, "messages": kept, "max_tokens": max_tokens}, count, max_tokens, original - count)
+    count = await _count_chat(model, payload, messages)
+    check_cap(requested, cap)
+    wanted = requested if requested is not None else 1
+    if count + wanted <= max_model_len or not truncate:
+        return _fits(payload, count, resolve_max_tokens(requested, count, max_model_len, cap, "messages"))
+    # Truncation: each droppable turn is rendered and encoded once on its own to estimate what dropping it
+    # saves; the conversation is encoded again only to confirm (and, if the estimate fell short, once more
+    # per extra turn dropped), never once per dropped message.
+    budget = max_model_len - wanted
+    units = _drop_units(messages)
+    framing = await _count_chat(model, {}, [])
+    costs = [sum([await _turn_cost(model, messages[i], framing) for i in unit]) for unit in units]
+    dropped: set[int] = set()
+    estimate = count
+    for unit, cost in zip(units, costs, strict=True):
+        if estimate <= budget:
+            break
+        dropped.update(unit)
+        estimate -= cost
+    while True:
+        kept = [message for i, message in enumerate(messages) if i not in dropped]
+        kept_count = await _count_chat(model, payload, kept)
+        if kept_count <= budget:
+            break
+        remaining = [unit for unit in units if not dropped.issuperset(unit)]
+        if not remaining:
+            raise context_error(kept_count, requested, max_model_len, "messages")
+        dropped.update(remaining[0])
+    max_tokens = resolve_max_tokens(requested, kept_count, max_model_len, cap, "messages")
+    return _fits({**payload, "messages": kept}, kept_count, max_tokens, count - kept_count)
+
+
+async def _turn_cost(model: ModelInfo, message: dict[str, Any], framing: int) -> int:
+    """About what one message adds to the prompt: rendered alone, less the template's fixed framing.
+
+    A template that refuses a lone message (one that insists on alternating
+    roles, say) gets the message's text encoded instead.
+    """
+    try:
+        return max(await _count_chat(model, {}, [message]) - framing, 0)
+    except APIError:
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content)
+        return len(await _encode(model.tokenizer, text, special=False))

@@ -209,6 +209,9 @@ class QueueSettings(BaseSettings):
     result_ttl_s: int = Field(default=3600, ge=10, description="how long results stay readable (task mode)")
     claim_idle_ms: int = Field(default=30_000, ge=200, description="idle time after which a dead worker's entry moves")
     max_attempts: int = Field(default=3, ge=1, description="starts of one request before it is dead-lettered")
+    poison_after: int = Field(
+        default=2, ge=1, description="engines that died serving one request before it is dead-lettered as poison"
+    )
     reply_maxlen: int = Field(default=100_000, ge=1000, description="approximate cap of each reply stream")
     dead_letter_maxlen: int = Field(default=100_000, ge=100)
     engine_stale_s: float = Field(default=10.0, gt=0, description="a worker's engine report older than this is ignored")

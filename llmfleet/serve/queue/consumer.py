@@ -198,6 +198,15 @@ class Consumer:
         outcome: int = await self.scripts.dead_letter(keys=keys, args=args)
         return int(outcome)
 
+    async def engine_died(self, request_id: str, engine_url: str) -> int:
+        """Record that an engine died while serving this request; how many have so far (across attempts)."""
+        key = self.keys.job(request_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(key, "engine_deaths", 1)
+            pipe.hset(key, "last_error", f"engine {engine_url} died while serving it")
+            deaths, _ = await pipe.execute()
+        return int(deaths)
+
     async def ack(self, entry: Entry) -> None:
         """Acknowledge and delete an entry that needs no answer (already answered, or expired)."""
         async with self.client.pipeline(transaction=False) as pipe:

@@ -33,7 +33,7 @@ from llmfleet.serve.queue import registry
 from llmfleet.serve.queue.consumer import Consumer, Entry
 from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
 from llmfleet.serve.worker.config import WorkerSettings
-from llmfleet.serve.worker.engine import EngineCaller, Fenced, engine_session
+from llmfleet.serve.worker.engine import POISON_CODE, EngineCaller, Fenced, engine_session
 from llmfleet.serve.worker.metrics import WorkerMetrics
 from llmfleet.serve.worker.pool import EnginePool
 
@@ -96,6 +96,7 @@ class Worker:
             retry_backoff_s=settings.retry_backoff_s,
             request_timeout_s=settings.queue.request_timeout_s,
             health_interval_s=settings.health_interval_s,
+            poison_after=settings.queue.poison_after,
         )
         self.metrics.capacity.set(settings.concurrency)
         if settings.listen_port:
@@ -417,6 +418,12 @@ class Worker:
             return
         finally:
             self.metrics.engine_time.labels(job.model).observe(time.monotonic() - started)
+        if result.status == 422 and (result.body.get("error") or {}).get("code") == POISON_CODE:
+            self.metrics.dead_letters.inc()
+            reason = str(result.body["error"].get("message", "poison"))
+            log.error("request %s: dead-lettered as poison: %s", job.id, reason)
+            await self._with_redis(job, lambda: self.consumer.dead_letter(entry, job, reason, attempt, result))
+            return
         outcome = await self._deliver(entry, job, attempt, result)
         if cancelled:
             # Counted once the 499 is stored: whoever sees the count can already read the cancelled result.

@@ -55,13 +55,27 @@ def engine_session(connections: int, connect_timeout_s: float, read_timeout_s: f
     )
 
 
+# The error code of a request dead-lettered because engines died serving it.
+POISON_CODE = "poison_request"
+
+
 class EngineFailure(Exception):
     """One engine call failed; reason is a metric label, status what the client gets if it is final."""
 
     def __init__(
-        self, reason: str, message: str, status: int = 502, *, retryable: bool = True, blame_engine: bool = True
+        self,
+        reason: str,
+        message: str,
+        status: int = 502,
+        *,
+        retryable: bool = True,
+        blame_engine: bool = True,
+        reached: bool = False,
     ) -> None:
         super().__init__(message)
+        # The engine had received the request when it failed (a broken connection, a 5xx): if it is dead
+        # now, it may be this request that killed it.
+        self.reached = reached
         self.reason = reason
         self.message = message
         self.status = status
@@ -69,7 +83,7 @@ class EngineFailure(Exception):
         self.blame_engine = blame_engine
 
     def result(self, attempt: int, worker: str) -> Result:
-        kind = "timeout" if self.status == 504 else "engine_error"
+        kind = {504: "timeout", 422: "invalid_request_error"}.get(self.status, "engine_error")
         return Result(self.status, error_body(self.message, kind, self.reason), attempt=attempt, worker=worker)
 
 
@@ -94,14 +108,74 @@ def normalize_error(status: int, content: bytes) -> dict[str, Any]:
 
 
 @dataclass
+class ChoiceState:
+    """One choice of a streamed answer, put together from its chunks for the stored result."""
+
+    text: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)
+    completion_logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+    def add(self, kind: str, choice: dict[str, Any], text: str) -> None:
+        self.text.append(text)
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            if kind == "chat":
+                self.logprobs.extend(logprobs.get("content") or [])
+            else:
+                for key, values in logprobs.items():
+                    if isinstance(values, list):
+                        self.completion_logprobs.setdefault(key, []).extend(values)
+        for delta in (choice.get("delta") or {}).get("tool_calls") or []:
+            call = self.tool_calls.setdefault(
+                int(delta.get("index", 0)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if delta.get("id"):
+                call["id"] = delta["id"]
+            function = delta.get("function") or {}
+            if function.get("name"):
+                call["function"]["name"] += function["name"]
+            if function.get("arguments"):
+                call["function"]["arguments"] += function["arguments"]
+
+    def body(self, kind: str, index: int, partial: str) -> dict[str, Any]:
+        text = partial + "".join(self.text)
+        if kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tool_calls:
+                message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+                message["content"] = text or None
+            logprobs = {"content": self.logprobs} if self.logprobs else None
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
+        completion = self.completion_logprobs or None
+        return {"index": index, "text": text, "logprobs": completion, "finish_reason": self.finish_reason}
+
+
+@dataclass
 class StreamState:
-    """What one attempt of a streamed job has generated so far (including earlier attempts' text)."""
+    """What one attempt of a streamed job has generated so far (including earlier attempts' text).
+
+    text is what the queue's partial text holds (every choice's text, in
+    arrival order): a continuation carries on from it, which only makes sense
+    for one choice without tools (see continuable).
+    """
 
     text: list[str]
     tokens: int
     finish_reason: str | None = None
     engine_prompt_tokens: int | None = None
     role_sent: bool = False
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    final_usage: dict[str, Any] | None = None
+    partial: str = ""
+
+
+def continuable(job: Job) -> bool:
+    """Whether a broken stream of this job can be continued from its text: one choice, no tool calls."""
+    return int(job.payload.get("n") or 1) == 1 and not job.payload.get("tools")
 
 
 class ChunkRelay:
@@ -189,6 +263,7 @@ class EngineCaller:
     retry_backoff_s: float
     request_timeout_s: float
     health_interval_s: float
+    poison_after: int = 2
     _created: float = field(default_factory=time.time)
 
     async def run(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
@@ -229,13 +304,20 @@ class EngineCaller:
                 last = EngineFailure("timeout", f"engine {engine.url} timed out ({type(error).__name__})", 504)
             except TimeoutError:
                 last = EngineFailure("timeout", f"engine {engine.url} did not finish within {timeout_s:.1f} s", 504)
-            except aiohttp.ClientError as error:
+            except aiohttp.ClientConnectorError as error:  # never connected: the request did not reach it
                 last = EngineFailure("connect", f"engine {engine.url} unreachable ({type(error).__name__})", 502)
+            except aiohttp.ClientError as error:  # connected, then the connection broke: the engine had the request
+                last = EngineFailure(
+                    "connect", f"engine {engine.url} unreachable ({type(error).__name__})", 502, reached=True
+                )
             except EngineFailure as failure:
                 last = failure
             self.metrics.errors.labels(last.reason).inc()
             if last.blame_engine:
                 self.pool.failed(engine, last.reason)
+            poison = await self._engine_died(job, engine, last)
+            if poison is not None:
+                return poison.result(attempt, self.worker_id)
             if not last.retryable:
                 return last.result(attempt, self.worker_id)
             failures += 1
@@ -245,6 +327,33 @@ class EngineCaller:
             log.info("request %s: %s; retry %d of %d", job.id, last.message, failures, self.retries)
             await asyncio.sleep(self.retry_backoff_s * 2 ** (failures - 1))
 
+    async def _engine_died(self, job: Job, engine: Engine, failure: EngineFailure) -> EngineFailure | None:
+        """After a dropped connection or a 5xx: if the engine is dead now, count it against the request.
+
+        A request during which `poison_after` engines died (across all its
+        attempts: the count lives in the job's hash) is poison: it is not sent
+        to another engine, and the worker dead-letters it (POISON_CODE).
+        """
+        if not failure.reached or await self.pool.alive(engine):
+            return None
+        try:
+            deaths = await self.consumer.engine_died(job.id, engine.url)
+        except RedisError as error:
+            log.warning("request %s: could not record the death of engine %s: %s", job.id, engine.url, error)
+            return None
+        log.error("request %s: engine %s died while serving it (%d so far)", job.id, engine.url, deaths)
+        self.metrics.errors.labels("engine_died").inc()
+        if deaths < self.poison_after:
+            return None
+        return EngineFailure(
+            POISON_CODE,
+            f"{deaths} engines died while serving this request, so it is not tried again: it may be what kills"
+            " them. It was set aside for the operator; if this was a coincidence, send it again later",
+            422,
+            retryable=False,
+            blame_engine=False,
+        )
+
     def _response_id(self, job: Job) -> str:
         return f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}"
 
@@ -252,7 +361,7 @@ class EngineCaller:
         async with self.http.post(f"{engine.url}{job.endpoint}", json=job.payload) as response:
             status, content = response.status, await response.read()
         if status >= 500:
-            raise EngineFailure("engine_5xx", f"engine {engine.url} answered {status}", 502)
+            raise EngineFailure("engine_5xx", f"engine {engine.url} answered {status}", 502, reached=True)
         if status != 200:
             self.metrics.errors.labels("engine_4xx").inc()
             return Result(status, normalize_error(status, content), attempt=attempt, worker=self.worker_id)
@@ -269,7 +378,9 @@ class EngineCaller:
         return Result(200, body, attempt=attempt, worker=self.worker_id)
 
     async def _stream(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
-        state = StreamState(text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial))
+        state = StreamState(
+            text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial), partial=partial
+        )
         relay = ChunkRelay(self.consumer, job, attempt)
         try:
             result = await self._with_retries(
@@ -281,27 +392,25 @@ class EngineCaller:
             raise
         if result.status != 200:
             return result
-        text = "".join(state.text)
         prompt_tokens = job.prompt_tokens if state.engine_prompt_tokens is None else state.engine_prompt_tokens
-        choice: dict[str, Any]
-        if job.kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": state.finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": state.finish_reason, "logprobs": None}
+        choices = state.choices or {0: ChoiceState()}
+        if 0 in choices and choices[0].finish_reason is None:
+            choices[0].finish_reason = state.finish_reason  # "length" when max_tokens ran out between attempts
+        completion_tokens = state.tokens
+        if state.final_usage is not None and not state.partial:
+            completion_tokens = int(state.final_usage.get("completion_tokens") or completion_tokens)
         body = {
             "id": self._response_id(job),
             "object": "chat.completion" if job.kind == "chat" else "text_completion",
             "created": job.enqueued_ms // 1000,
             "model": job.model,
-            "choices": [choice],
+            "choices": [
+                choices[index].body(job.kind, index, state.partial if index == 0 else "") for index in sorted(choices)
+            ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": state.tokens,
-                "total_tokens": prompt_tokens + state.tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
         }
         return Result(200, body, attempt=attempt, worker=self.worker_id)
@@ -314,6 +423,15 @@ class EngineCaller:
         text = "".join(state.text)
         if not text:
             return payload
+        if not continuable(job):
+            raise EngineFailure(
+                "continuation",
+                "the stream broke after chunks were sent, and an answer with several choices or tool calls"
+                " cannot be continued",
+                502,
+                retryable=False,
+                blame_engine=False,
+            )
         remaining = job.max_tokens - state.tokens
         if remaining <= 0:
             return None
@@ -344,7 +462,7 @@ class EngineCaller:
         fresh = not state.text
         async with self.http.post(f"{engine.url}{job.endpoint}", json=payload) as response:
             if response.status >= 500:
-                raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status}", 502)
+                raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status}", 502, reached=True)
             if response.status != 200:
                 content = await response.read()
                 self.metrics.errors.labels("engine_4xx").inc()
@@ -370,11 +488,13 @@ class EngineCaller:
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    raise EngineFailure("engine_5xx", f"engine {engine.url} failed mid-stream", 502)
-                choices = chunk.get("choices") or []
-                choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-                text = (choice.get("delta") or {}).get("content") if job.kind == "chat" else choice.get("text")
-                text = text if isinstance(text, str) else ""
+                    raise EngineFailure("engine_5xx", f"engine {engine.url} failed mid-stream", 502, reached=True)
+                choices = [item for item in chunk.get("choices") or [] if isinstance(item, dict)]
+                texts = []
+                for item in choices:
+                    piece = (item.get("delta") or {}).get("content") if job.kind == "chat" else item.get("text")
+                    texts.append(piece if isinstance(piece, str) else "")
+                text = "".join(texts)
                 usage = chunk.pop("usage", None)
                 if isinstance(usage, dict):
                     if fresh and usage.get("prompt_tokens") is not None:
@@ -384,22 +504,28 @@ class EngineCaller:
                     generated = max(generated, total)
                 else:  # an engine without usage stats: one token per chunk with text
                     tokens = 1 if text else 0
-                if not choice:
+                if not choices:
                     state.tokens += tokens  # the closing usage-only chunk
+                    if isinstance(usage, dict):
+                        state.final_usage = usage
                     continue
-                finish = choice.get("finish_reason")
-                if job.kind == "chat" and not text and finish is None:
-                    if state.role_sent:
+                first = choices[0]
+                finish = first.get("finish_reason")
+                opening = not text and finish is None and not (first.get("delta") or {}).get("tool_calls")
+                if job.kind == "chat" and len(choices) == 1 and opening and not first.get("logprobs"):
+                    if state.role_sent and continuable(job):
                         state.tokens += tokens
                         continue  # a continuation's role-only opening chunk: the client has one already
                     state.role_sent = True
                 chunk["id"] = self._response_id(job)
                 chunk["model"] = job.model
                 chunk["created"] = job.enqueued_ms // 1000
-                choice["index"] = 0
                 relay.add(json.dumps(chunk, separators=(",", ":")), text, tokens)
                 state.text.append(text)
                 state.tokens += tokens
-                if finish is not None:
-                    state.finish_reason = finish
+                for item, piece in zip(choices, texts, strict=True):
+                    index = int(item.get("index") or 0)
+                    state.choices.setdefault(index, ChoiceState()).add(job.kind, item, piece)
+                    if index == 0 and item.get("finish_reason") is not None:
+                        state.finish_reason = item["finish_reason"]
         return Result(200, {}, attempt=attempt, worker=self.worker_id)

@@ -127,6 +127,16 @@ class EnginePool:
             self.metrics.engine_up.labels(engine.url).set(0)
             self.changed.set()
 
+    async def alive(self, engine: Engine) -> bool:
+        """Whether the engine's /health answers 200 now (after a failed request: did the engine die?)."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+            async with self.http.get(f"{engine.url}/health", timeout=timeout) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def check(self, engine: Engine) -> None:
         """One active check: /health, then /v1/models when healthy."""
         healthy = False
