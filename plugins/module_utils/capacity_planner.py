@@ -73,6 +73,74 @@ KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "b
 REQUIRED_FACTS = ("layers", "attention_heads", "kv_heads", "head_dim", "dtype_bytes", "weights_bytes")
 
 
+# Planning before the weights arrive: architectures whose parameter count
+# config.json alone gives (decoder-only, RMSNorm, gated MLP, grouped-query
+# attention), and whether their q/k/v projections carry biases: Qwen2 always
+# (transformers' Qwen2Attention: q_proj, k_proj, v_proj with bias=True, o_proj
+# without); Llama and Mistral only with config attention_bias.
+PARAMETER_FORMULAS: dict[str, dict[str, Any]] = {
+    "Qwen2ForCausalLM": {"qkv_bias": True},
+    "LlamaForCausalLM": {"qkv_bias": None},
+    "MistralForCausalLM": {"qkv_bias": None},
+}
+ESTIMATE_FACTS = ("hidden_size", "intermediate_size", "layers", "attention_heads", "kv_heads", "head_dim",
+                  "vocab_size", "dtype_bytes")
+
+
+def estimate_parameters(facts: Mapping[str, Any]) -> dict[str, int]:
+    """Parameters of a decoder-only model from its config.json sizes: {part: count, ..., "total": count}.
+
+    embed_tokens (vocab x hidden); per layer q_proj (hidden x heads x head_dim,
+    plus its bias), k_proj and v_proj (hidden x kv_heads x head_dim, plus
+    biases), o_proj (heads x head_dim x hidden), the gated MLP's gate_proj,
+    up_proj and down_proj (3 x hidden x intermediate) and two RMSNorm weights
+    (2 x hidden); the final norm (hidden); lm_head (vocab x hidden) unless
+    tie_word_embeddings. ValueError for an architecture without a formula or
+    missing sizes.
+    """
+    architecture = facts.get("architecture")
+    formula = PARAMETER_FORMULAS.get(str(architecture))
+    if formula is None:
+        raise ValueError(
+            f"cannot estimate the parameters of {architecture} from config.json (formulas for"
+            f" {', '.join(PARAMETER_FORMULAS)}); give the model's weights"
+        )
+    missing = [key for key in ESTIMATE_FACTS if not facts.get(key)]
+    if missing:
+        raise ValueError(f"config.json does not give {', '.join(missing)}: cannot estimate the weights")
+    hidden, inter, layers = int(facts["hidden_size"]), int(facts["intermediate_size"]), int(facts["layers"])
+    q_size = int(facts["attention_heads"]) * int(facts["head_dim"])
+    kv_size = int(facts["kv_heads"]) * int(facts["head_dim"])
+    vocab = int(facts["vocab_size"])
+    bias = formula["qkv_bias"] if formula["qkv_bias"] is not None else bool(facts.get("attention_bias"))
+    attention = hidden * q_size + 2 * hidden * kv_size + q_size * hidden + ((q_size + 2 * kv_size) if bias else 0)
+    mlp = 3 * hidden * inter + (2 * inter + hidden if facts.get("mlp_bias") else 0)
+    parts = {
+        "embed_tokens": vocab * hidden,
+        "attention": layers * attention,
+        "mlp": layers * mlp,
+        "norms": layers * 2 * hidden + hidden,
+        "lm_head": 0 if facts.get("tie_word_embeddings") else vocab * hidden,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def with_estimated_weights(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts with weights_bytes estimated from config.json (parameters x dtype bytes), marked as estimated.
+
+    For planning before the weights arrive: the planner then sizes the host
+    exactly as with real weights, and says the weight bytes are an estimate.
+    Facts that already hold weights_bytes (read from safetensors headers) are
+    returned unchanged.
+    """
+    if facts.get("weights_bytes"):
+        return dict(facts)
+    parameters = estimate_parameters(facts)["total"]
+    return {**facts, "parameters": parameters, "weights_bytes": parameters * int(facts["dtype_bytes"]),
+            "weights_estimated": True}
+
+
 class PlanRefused(ValueError):
     """The request cannot work; reasons holds one line per cause, with the numbers."""
 
@@ -272,6 +340,7 @@ def plan(
         "kv_bytes_per_token_all_ranks": per_token * tp,
         "kv_bytes_per_token_model": kv_bytes_per_token(layers, kv_heads, head_dim, element_bytes, 1),
         "weights_bytes": weights_bytes,
+        "weights_estimated": bool(facts.get("weights_estimated")),
         "weights_bytes_per_rank": weights_per_rank,
         "gpu_memory_bytes": gpu_bytes,
         "gpu_memory_utilization": utilization,
