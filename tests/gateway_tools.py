@@ -1,4 +1,8 @@
-"""Shared helpers for the gateway's unit tests: secret files and settings without any server."""
+"""Fixtures for the gateway's settings without any server: secret files, a tiny model, GatewaySettings.
+
+Shared by the gateway's unit tests and `llmfleet token`'s (tests/unit/serve/gateway, tests/unit/ops),
+whose conftest.py files import them.
+"""
 
 from __future__ import annotations
 

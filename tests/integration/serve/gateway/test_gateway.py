@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from llmfleet.serve.gateway.auth import mint
 from llmfleet.serve.gateway.validation import render_chatml
-from tests.integration.gateway.gatewaystack import (
+from tests.integration.serve.gateway.gatewaystack import (
     PREFIX,
     GatedProxy,
     ReplyTap,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from llmfleet.lab.vllm_cpu import VllmServer
-from tests.integration.gateway.gatewaystack import (
+from tests.integration.serve.gateway.gatewaystack import (
     CLAIM_IDLE_MS,
     PREFIX,
     GatedProxy,

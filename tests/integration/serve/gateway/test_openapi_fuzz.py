@@ -25,7 +25,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.integration.gateway.gatewaystack import Stack, wait_for
+from tests.integration.serve.gateway.gatewaystack import Stack, wait_for
 
 pytestmark = pytest.mark.vllm
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.gateway.gatewaystack import Stack
+from tests.integration.serve.gateway.gatewaystack import Stack
 from tests.tools import LLMFLEET
 
 

@@ -22,7 +22,7 @@ from llmfleet.serve.queue.consumer import Consumer, Entry
 from llmfleet.serve.queue.jobs import Job, Result, now_ms
 from llmfleet.serve.queue.keys import GROUP
 from llmfleet.serve.queue.producer import Limit, Producer
-from tests.integration.gateway.gatewaystack import RedisServer
+from tests.integration.serve.gateway.gatewaystack import RedisServer
 from tests.tools import free_loopback_port
 
 # anyio's pytest plugin (installed with anyio) runs the async tests on asyncio.
