@@ -239,3 +239,16 @@ def test_every_secret_option_is_no_log(specs: Path) -> None:
     options = yaml.safe_load(specs.read_text())["argument_specs"]["main"].get("options") or {}
     unmasked = [name for name, option in options.items() if SECRET_OPTION.search(name) and not option.get("no_log")]
     assert not unmasked, f"{specs.parts[-3]}: secret options without no_log: true: {unmasked}"
+
+
+STACKS = yaml.safe_load((REPO_ROOT / "playbooks" / "vars" / "stacks.yml").read_text())["gpu_stacks"]
+
+
+@pytest.mark.parametrize("name", sorted(STACKS))
+def test_each_stack_installs_a_driver_it_accepts(name: str) -> None:
+    # driver.version is nvidia_driver_version's default: the role refuses one
+    # off the branch or below the floor, so the table must not ship one.
+    driver = STACKS[name]["driver"]
+    version = tuple(int(part) for part in driver["version"].split("."))
+    assert driver["version"].split(".")[0] == driver["branch"], driver
+    assert version >= tuple(int(part) for part in driver["min_version"].split(".")), driver
