@@ -72,9 +72,6 @@ SERVING_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # As the engine image (files/images/vllm-cpu/Dockerfile says why): the sampler's torch.compile'd
-    # helpers run eagerly, so requests with logprobs need no C++ compiler.
-    "TORCHDYNAMO_DISABLE": "1",
 }
 # Tool calling as the lab's engines serve it (inventories/lab/group_vars/gpu_nodes.yml).
 SERVING_ARGS = (

@@ -201,7 +201,8 @@ class Consumer:
     async def engine_died(self, request_id: str, engine_url: str) -> int:
         """Record that an engine died while serving this request; how many have so far (across attempts)."""
         key = self.keys.job(request_id)
-        async with self.client.pipeline(transaction=True) as pipe:
+        # No MULTI: the worker's ACL (roles/redis) grants only the commands it runs; the count is one HINCRBY.
+        async with self.client.pipeline(transaction=False) as pipe:
             pipe.hincrby(key, "engine_deaths", 1)
             pipe.hset(key, "last_error", f"engine {engine_url} died while serving it")
             deaths, _ = await pipe.execute()
