@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 module: model_check
 short_description: Refuse model directories and LoRA adapters the pinned vLLM cannot serve
 description:
-  - Checks a model directory on the host with the rules in C(plugins/module_utils/model_validation.py),
+  - Checks a model directory on the host with the rules in C(plugins/module_utils/model_validation/),
     the same rules C(llmfleet model check) applies, before any engine is touched.
   - Checks that C(config.json) parses, that its architecture is one the pinned vLLM release serves, and
     that the keys its family needs are present (C(rope_theta) for Qwen2/Llama-family configs).

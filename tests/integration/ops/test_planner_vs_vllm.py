@@ -3,7 +3,7 @@
 1. The planner's kv_cache_tokens for the tiny model, with --kv-cache-gib equal
    to the session server's VLLM_CPU_KVCACHE_SPACE, must be within 1% of the
    "KV cache size: N tokens" that server logged (DESIGN.md target).
-2. The engine data model_validation.py keeps for vLLM 0.32.0 (architectures,
+2. The engine data model_validation/engines.py keeps for vLLM 0.32.0 (architectures,
    LoRA ranks, LoRA target modules) must match the installed engine. On a
    mismatch the test prints the engine's values, ready to paste.
 
@@ -55,7 +55,7 @@ def test_the_server_serves_the_model_the_check_passes(vllm_server: vllm_cpu.Vllm
     assert vllm_server.process.poll() is None
 
 
-# --- the engine data kept in model_validation.py -------------------------------------
+# --- the engine data kept in model_validation/engines.py ------------------------------
 
 ENGINE_FACTS = r"""
 import json, typing

@@ -1,4 +1,4 @@
-"""Unit tests for plugins/module_utils/model_validation.py: is a model directory servable?
+"""Unit tests for plugins/module_utils/model_validation/: is a model directory servable?
 
 Every case starts from a real tiny Qwen2 model (llmfleet.lab.tiny, the model
 the lab's vLLM serves) and breaks one thing the way exports and copies break
