@@ -1,7 +1,7 @@
 """`llmfleet stack check|show`: the GPU software-stack table and its compatibility check.
 
 The table is playbooks/vars/stacks.yml (Ansible loads the same file); the rules
-are plugins/module_utils/stack_compat.py, shared with the `stack_check` Ansible
+are plugins/module_utils/stack_compat/, shared with the `stack_check` Ansible
 module. `stack check` exits 0 when the versions work together and 2 with one
 line per broken rule when they do not; input that is not a version exits 1.
 """

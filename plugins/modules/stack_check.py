@@ -11,7 +11,7 @@ module: stack_check
 short_description: Refuse GPU software stacks that cannot work together
 description:
   - Checks an NVIDIA driver, CUDA toolkit, PyTorch build, vLLM release and GPU against the
-    compatibility rules in C(plugins/module_utils/stack_compat.py), the same rules the
+    compatibility rules in C(plugins/module_utils/stack_compat/), the same rules the
     C(llmfleet stack check) command applies.
   - Fails with one actionable message per broken rule, naming the rule and the minimum or
     required version, for example driver 470.199.02 under CUDA 12.1 (needs >= 530.30.02).

@@ -1,4 +1,4 @@
-"""Unit tests for plugins/module_utils/stack_compat.py: the GPU stack compatibility rules."""
+"""Unit tests for plugins/module_utils/stack_compat/: the GPU stack compatibility rules."""
 
 from __future__ import annotations
 
