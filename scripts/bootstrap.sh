@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 # Debian packages the controller needs, each only when absent. A Python with
 # a working venv module (pyenv, a custom build) is used as it is; docker.io
 # only when no engine exists, so a machine with Docker CE keeps it.
-packages=(git debootstrap redis-server equivs dpkg-dev)
+# prometheus: promtool, which the alert rule tests run (tests/unit/roles/test_alert_rules.py).
+packages=(git debootstrap redis-server equivs dpkg-dev prometheus)
 command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v dockerd >/dev/null || packages+=(docker.io)
