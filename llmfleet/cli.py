@@ -45,6 +45,7 @@ COMMAND_GROUPS: tuple[str | SharedGroup, ...] = (
     "llmfleet.build.images",
     "llmfleet.serve.gateway.cli",
     "llmfleet.serve.worker.cli",
+    "llmfleet.serve.scaler.cli",
     "llmfleet.ops.token",
     "llmfleet.ops.planner",
     "llmfleet.ops.engine",
