@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import copy_lab_inventory, llmfleet_lab
+from tests.lab.helpers import PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,12 @@ def lab_inventory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def facts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("facts")
+
+
+@pytest.fixture(scope="session")
+def converged_site(lab_inventory: Path, facts_dir: Path) -> PlaybookRun:
+    """The first site.yml run against the test lab, shared by every file that needs a converged site.
+
+    tests/lab/test_monitoring.py sorts before test_site.py: whichever asks first converges the site, once.
+    """
+    return run_playbook(lab_inventory, "site.yml", facts=facts_dir)

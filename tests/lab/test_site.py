@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from llmfleet.paths import cache_dir
-from tests.lab.helpers import TEST_LAB_NAME, copy_lab_inventory, llmfleet_lab, run_playbook
+from tests.lab.helpers import TEST_LAB_NAME, PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
 from tests.tools import LLMFLEET
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
@@ -77,8 +77,8 @@ def test_lab_status_shows_every_host_running(lab_inventory: Path) -> None:
         assert row[3:5] == ["running", "running"], row
 
 
-def test_site_converges_with_no_failure(lab_inventory: Path, facts_dir: Path) -> None:
-    run = run_playbook(lab_inventory, "site.yml", facts=facts_dir)
+def test_site_converges_with_no_failure(converged_site: PlaybookRun) -> None:
+    run = converged_site
     assert run.returncode == 0, run.output[-5000:]
     assert set(run.recap) == LAB_HOSTS | {"localhost"}
     for host, counts in run.recap.items():

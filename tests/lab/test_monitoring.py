@@ -1,0 +1,159 @@
+"""The monitoring layer of the whole-stack lab: Prometheus and Alertmanager on mon1 watching the real site.
+
+Runs against the converged test lab (the `converged_site` fixture: site.yml,
+which imports playbooks/monitoring.yml). Read-only: nothing here changes the
+site, so test_site.py's second-run and check-mode tests, which follow, still
+judge the same site. The lab has no GPU: no gpu target (docs/monitoring.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import yaml
+
+from tests.lab.helpers import TEST_LAB_NAME, PlaybookRun
+
+T = TypeVar("T")
+
+MONITORING_ADDRESS = "10.78.0.30"  # mon1 in the test lab (inventories/lab, moved to 10.78.0.0/24)
+PROMETHEUS = f"http://{MONITORING_ADDRESS}:9090"  # inventories/lab/group_vars/monitoring.yml
+ALERTMANAGER = f"http://{MONITORING_ADDRESS}:9093"
+HOSTS = {"gw1": "10.78.0.10", "redis1": "10.78.0.20", "mon1": "10.78.0.30",
+         "gpu1": "10.78.0.41", "gpu2": "10.78.0.42", "gpu3": "10.78.0.43"}
+# Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway and
+# its two workers (worker_metrics_port 9400 + N - 1), the Redis exporter, a node exporter on every host.
+EXPECTED_TARGETS = {
+    ("vllm", "10.78.0.41:8000"), ("vllm", "10.78.0.41:8001"), ("vllm", "10.78.0.42:8000"),
+    ("gateway", "10.78.0.10:8080"),
+    ("worker", "10.78.0.10:9400"), ("worker", "10.78.0.10:9401"),
+    ("redis", "10.78.0.20:9121"),
+    *{("node", f"{address}:9100") for address in HOSTS.values()},
+}
+ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "ScaleOutNeeded", "ScaleInPossible", "KVCacheNearFull", "EngineDown",
+          "WorkerDown", "GatewayDown", "TTFTp95High", "PreemptionsHigh", "DeadLetterGrowing", "RedisMemoryHigh",
+          "GPUUnderutilizedWhileQueued", "GPUMemoryHeldWithoutEngine"}
+LAB_SECRETS = {"redis1": "lab-only-not-a-secret-exporter-3c8d", "mon1": "lab-only-not-a-secret-scaler-token-a61f"}
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
+    """The condition's first truthy value; Prometheus scrapes every few seconds, so wait on it, never sleep blind."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(1)
+    raise AssertionError(f"{what} not met in {timeout_s:.0f} s; last seen: {last!r}")
+
+
+def prometheus(path: str, **params: str) -> Any:
+    response = httpx.get(f"{PROMETHEUS}/api/v1/{path}", params=params, timeout=10)
+    response.raise_for_status()
+    body = response.json()
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _query(query: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = prometheus("query", query=query)["result"]
+    return result
+
+
+def _on_host(host: str, *command: str) -> str:
+    result = subprocess.run(["docker", "exec", f"{TEST_LAB_NAME}-{host}", *command],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, (command, result.stderr)
+    return result.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converged(converged_site: PlaybookRun) -> None:
+    assert converged_site.returncode == 0, converged_site.output[-5000:]
+
+
+def _targets() -> dict[tuple[str, str], str]:
+    active = prometheus("targets", state="active")["activeTargets"]
+    return {(target["labels"]["job"], target["labels"]["instance"]): target["health"] for target in active}
+
+
+def _all_up() -> dict[tuple[str, str], str] | None:
+    found = _targets()
+    return found if set(found.values()) == {"up"} else None
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in prometheus("rules", type="alert")["groups"] for rule in group["rules"]]
+
+
+def _all_evaluated() -> list[dict[str, Any]] | None:
+    rules = _alert_rules()
+    return rules if all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) else None
+
+
+def test_prometheus_scrapes_every_target_of_the_inventory_and_each_is_up() -> None:
+    assert set(_targets()) == EXPECTED_TARGETS
+    assert set(wait_for(_all_up, "every target up", timeout_s=180)) == EXPECTED_TARGETS
+
+
+def test_every_alert_rule_is_loaded_and_evaluates_cleanly() -> None:
+    assert {rule["name"] for rule in _alert_rules()} == ALERTS
+    # Every rule evaluated without an error against the real series (that a rule names only exported metrics is
+    # the prometheus role's unit tests' job).
+    evaluated = wait_for(_all_evaluated, "every rule evaluated")
+    assert not [(rule["name"], rule.get("lastError")) for rule in evaluated if rule["health"] != "ok"]
+
+
+def test_a_healthy_lab_has_nothing_down() -> None:
+    firing = prometheus("query", query='ALERTS{alertname=~"EngineDown|WorkerDown|GatewayDown"}')["result"]
+    assert firing == []
+
+
+def test_the_metrics_behind_the_alerts_arrive() -> None:
+    # Each job's own series, read through Prometheus as the rules read them.
+    for query, jobs in [
+        ("vllm:num_requests_waiting", {"vllm"}),
+        ("llmfleet_queue_depth", {"worker"}),
+        ("llmfleet_engine_up", {"worker"}),
+        ("llmfleet_gateway_redis_up", {"gateway"}),
+        ("redis_memory_max_bytes > 0", {"redis"}),
+        ("node_memory_MemAvailable_bytes", {"node"}),
+    ]:
+        result: list[dict[str, Any]] = wait_for(partial(_query, query), f"series for {query}")
+        assert {sample["metric"]["job"] for sample in result} == jobs, query
+    assert {s["value"][1] for s in prometheus("query", query="redis_up")["result"]} == {"1"}
+
+
+def test_prometheus_sends_alerts_to_alertmanager() -> None:
+    active = wait_for(lambda: prometheus("alertmanagers")["activeAlertmanagers"], "an active Alertmanager")
+    assert [am["url"] for am in active] == [f"{ALERTMANAGER}/api/v2/alerts"]
+
+
+def test_alertmanager_is_ready_and_routes_scaling_alerts_to_the_scaler() -> None:
+    assert httpx.get(f"{ALERTMANAGER}/-/ready", timeout=10).status_code == 200
+    config = yaml.safe_load(httpx.get(f"{ALERTMANAGER}/api/v2/status", timeout=10).json()["config"]["original"])
+    scaler = next(receiver for receiver in config["receivers"] if receiver["name"] == "scaler")
+    webhook = scaler["webhook_configs"][0]
+    assert webhook["url"] == "http://127.0.0.1:9095/alerts"
+    assert webhook["http_config"]["authorization"]["credentials_file"] == "/etc/prometheus/alertmanager_scaler_token"
+    routes = config["route"]["routes"]
+    assert [(route["receiver"], route["matchers"]) for route in routes] == [("scaler", ['scale_action=~"out|in"'])]
+    assert any(rule["source_matchers"] == ['alertname="EngineDown"'] and rule["equal"] == ["instance"]
+               for rule in config["inhibit_rules"])
+
+
+def test_monitoring_secrets_stay_in_root_or_service_only_files() -> None:
+    assert _on_host("mon1", "stat", "-c", "%a %U", "/etc/prometheus/alertmanager_scaler_token").split() == [
+        "400", "prometheus"]
+    assert _on_host("redis1", "stat", "-c", "%a %U", "/etc/default/prometheus-redis-exporter").split() == [
+        "600", "root"]
+    for host, secret in LAB_SECRETS.items():
+        assert secret not in _on_host(host, "ps", "auxww"), host
+        assert secret not in _on_host(host, "journalctl", "--no-pager", "-q"), host
