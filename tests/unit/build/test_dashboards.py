@@ -31,7 +31,7 @@ def _exported(release: Release) -> set[str]:
 
 
 def test_there_are_releases_to_build_for() -> None:
-    assert {release.version for release in RELEASES} >= {"0.4.2", "0.9.2"}
+    assert {release.version for release in RELEASES} >= {"0.4.2", "0.9.2", "0.32.0"}
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[release.version for release in RELEASES])
@@ -51,7 +51,8 @@ def test_the_shipped_file_is_what_the_generator_writes(release: Release) -> None
 
 
 @pytest.mark.parametrize(("version", "kv_cache"), [("0.4.2", "vllm:gpu_cache_usage_perc"),
-                                                   ("0.9.2", "vllm:gpu_cache_usage_perc")])
+                                                   ("0.9.2", "vllm:gpu_cache_usage_perc"),
+                                                   ("0.32.0", "vllm:kv_cache_usage_perc")])
 def test_kv_cache_use_is_read_through_the_releases_own_name(version: str, kv_cache: str) -> None:
     release = next(release for release in RELEASES if release.version == version)
     assert release.kv_cache == kv_cache
@@ -100,6 +101,9 @@ def test_metric_names_reads_the_selectors_of_a_query(expr: str, names: set[str])
 
 
 def test_a_metric_the_release_lacks_is_caught() -> None:
-    # 0.4.2 has no kv_cache_usage_perc: a panel naming it would be reported.
-    old = next(release for release in RELEASES if release.version == "0.4.2")
-    assert metric_names("max by (instance) (vllm:kv_cache_usage_perc)") - _exported(old) == {"vllm:kv_cache_usage_perc"}
+    # 0.4.2 has no kv_cache_usage_perc, and 0.32.0 no gpu_cache_usage_perc: a panel naming either would be reported.
+    by_version = {release.version: release for release in RELEASES}
+    assert metric_names("max by (instance) (vllm:kv_cache_usage_perc)") - _exported(by_version["0.4.2"]) == {
+        "vllm:kv_cache_usage_perc"}
+    assert metric_names("max by (instance) (vllm:gpu_cache_usage_perc)") - _exported(by_version["0.32.0"]) == {
+        "vllm:gpu_cache_usage_perc"}
