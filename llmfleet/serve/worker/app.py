@@ -1,5 +1,8 @@
 """The worker: takes requests from the queue, calls engines, delivers each result once.
 
+Length: over 500 lines because the tasks below share one loop's state; its hand-written
+HTTP server (about 60 lines) is due to become aiohttp.web, which brings it under.
+
 Tasks of one worker process (all on one asyncio loop):
 - take: up to `concurrency` requests in flight; highest lane first;
 - reclaim: XAUTOCLAIM entries idle past claim_idle_ms (their worker died);

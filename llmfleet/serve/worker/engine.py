@@ -1,5 +1,8 @@
 """Calling engines for one attempt of a job: balancing, retries within a budget, timeouts, streaming.
 
+Length: over 500 lines because balancing, retries and the stream continuation all
+serve one attempt and share its state; splitting them would pass that state around.
+
 Retries: a connection error, a timeout or a 5xx from an engine is retried on
 another engine (when there is one) up to `retries` more times, with backoff,
 and never past the job's deadline. A 4xx is the request's fault: it is the

@@ -307,7 +307,9 @@ class Stack:
             "LLMFLEET_GATEWAY_REGISTRY_MAX_AGE_S": "0.2",
         }
         self.gateway = (
-            Service("gateway", "llmfleet.serve.gateway", env, self.tmp / "gateway.log", f"http://127.0.0.1:{port}/healthz")
+            Service(
+                "gateway", "llmfleet.serve.gateway", env, self.tmp / "gateway.log", f"http://127.0.0.1:{port}/healthz"
+            )
             .start()
             .wait_ready()
         )
