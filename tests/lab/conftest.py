@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
+from tests.lab.helpers import SITE_IN_ONE_BATCH, PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
 
 
 @pytest.fixture(scope="session")
@@ -32,4 +32,4 @@ def converged_site(lab_inventory: Path, facts_dir: Path) -> PlaybookRun:
 
     tests/lab/test_monitoring.py sorts before test_site.py: whichever asks first converges the site, once.
     """
-    return run_playbook(lab_inventory, "site.yml", facts=facts_dir)
+    return run_playbook(lab_inventory, "site.yml", *SITE_IN_ONE_BATCH, facts=facts_dir)

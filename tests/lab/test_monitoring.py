@@ -98,8 +98,13 @@ def _all_evaluated() -> list[dict[str, Any]] | None:
     return rules if all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) else None
 
 
+def _discovered() -> dict[tuple[str, str], str] | None:
+    # Prometheus lists its targets only after its first reload of the written configuration: wait for a list.
+    return _targets() or None
+
+
 def test_prometheus_scrapes_every_target_of_the_inventory_and_each_is_up() -> None:
-    assert set(_targets()) == EXPECTED_TARGETS
+    assert set(wait_for(_discovered, "Prometheus to list its targets")) == EXPECTED_TARGETS
     assert set(wait_for(_all_up, "every target up", timeout_s=180)) == EXPECTED_TARGETS
 
 

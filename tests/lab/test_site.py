@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 
 from llmfleet.paths import cache_dir
-from tests.lab.helpers import TEST_LAB_NAME, PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
+from tests.lab.helpers import (
+    SITE_IN_ONE_BATCH,
+    TEST_LAB_NAME,
+    PlaybookRun,
+    copy_lab_inventory,
+    llmfleet_lab,
+    run_playbook,
+)
 from tests.tools import LLMFLEET
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
@@ -164,7 +171,7 @@ def test_service_secrets_never_show_in_inspect_or_logs(lab_inventory: Path) -> N
 def test_second_run_changes_nothing(lab_inventory: Path, facts_dir: Path) -> None:
     engines = _engine_identity()
     services = _service_identity()
-    run = run_playbook(lab_inventory, "site.yml", facts=facts_dir)
+    run = run_playbook(lab_inventory, "site.yml", *SITE_IN_ONE_BATCH, facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     changed = {host: counts["changed"] for host, counts in run.recap.items() if counts["changed"]}
     assert changed == {}, f"not idempotent: {changed}\n{run.output[-5000:]}"
@@ -173,7 +180,7 @@ def test_second_run_changes_nothing(lab_inventory: Path, facts_dir: Path) -> Non
 
 
 def test_check_mode_on_a_converged_site_is_clean(lab_inventory: Path, facts_dir: Path) -> None:
-    run = run_playbook(lab_inventory, "site.yml", "--check", facts=facts_dir)
+    run = run_playbook(lab_inventory, "site.yml", *SITE_IN_ONE_BATCH, "--check", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in run.recap.values()), run.recap
 

@@ -82,7 +82,10 @@ def test_no_input_makes_the_gateway_answer_a_server_error(
 
     @given(case=operation.as_strategy(generation_mode=mode))
     # Each example is a real HTTP call: Hypothesis's speed health checks would fail on a loaded 2-core machine.
-    @settings(max_examples=EXAMPLES_PER_MODE, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # Derandomized: the same examples every run, so how many valid bodies reach the queue (asserted below) is a
+    # property of the schema and the gateway, not of the run's luck; a random draw once left only 6 of 100.
+    @settings(max_examples=EXAMPLES_PER_MODE, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
     def check(case: Any) -> None:
         CALLS.append(case.method)
         if mode is schemathesis.GenerationMode.POSITIVE and isinstance(case.body, dict) and "model" in case.body:

@@ -105,7 +105,7 @@ def test_secret_files_are_0400_owned_by_the_container_user(host, path: str) -> N
 
 def test_gateway_has_the_tokenizer_but_no_weights(host) -> None:
     files = host.check_output("ls /srv/llmfleet/gateway/models/tiny").split()
-    assert sorted(files) == ["config.json", "tokenizer.json"]
+    assert sorted(files) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
 
 
 @pytest.mark.parametrize("index", [0, 1])
