@@ -66,6 +66,9 @@ class GatewaySettings(BaseSettings):
         default=False, description="cut over-long prompts to fit instead of answering 400 (operator opt-in)"
     )
     result_poll_s: float = Field(default=2.0, gt=0, description="how often a waiter also checks the result key")
+    stream_keepalive_s: float = Field(
+        default=10.0, gt=0, description="SSE keep-alive comment interval while a stream waits for its answer"
+    )
     registry_max_age_s: float = Field(default=1.0, ge=0)
     docs: bool = Field(default=True, description="serve /docs and /openapi.json")
     graceful_shutdown_s: int = Field(default=30, ge=0)

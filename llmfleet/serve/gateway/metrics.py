@@ -38,4 +38,9 @@ class GatewayMetrics(MetricSet):
         self.cancelled = self.counter(
             "llmfleet_gateway_cancelled", "Requests cancelled because the client went away or timed out", ["reason"]
         )
+        self.replayed = self.counter(
+            "llmfleet_gateway_replayed",
+            "Retries answered with an earlier request's answer (Idempotency-Key), by model and mode",
+            ["model", "mode"],
+        )
         self.redis_up = self.gauge("llmfleet_gateway_redis_up", "1 when the reply stream reader is connected")

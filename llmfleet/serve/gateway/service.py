@@ -9,7 +9,9 @@ Three modes:
 - task (`Prefer: respond-async`): 202 with an id at once; GET /v1/tasks/{id}.
 
 A client that goes away (or a gateway-side timeout) cancels the request: the
-workers stop its engine request, or skip it if it has not started.
+workers stop its engine request, or skip it if it has not started. A request
+sent with an Idempotency-Key is the exception: its answer is kept for the
+retry (idempotency.py), and only its deadline ends it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -31,8 +32,10 @@ from llmfleet.serve.gateway import ratelimit
 from llmfleet.serve.gateway.auth import Principal, forbidden_model
 from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError, queue_unavailable
+from llmfleet.serve.gateway.idempotency import Record, replay, reused
 from llmfleet.serve.gateway.middleware import request_id
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmfleet.serve.gateway.sse import Sent, final_events, sse, track
 from llmfleet.serve.gateway.validation import check_chat, check_completion
 from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms
 from llmfleet.serve.queue.producer import Waiter
@@ -58,6 +61,7 @@ async def submit(
     principal: Principal,
     state: AppState,
     prefer: str | None,
+    idempotency_key: str | None = None,
 ) -> Response:
     settings = state.settings
     metrics = state.metrics
@@ -119,6 +123,10 @@ async def submit(
     # Tokens charged: the prompt and every choice's answer (n choices may each use max_tokens).
     cost = checked.prompt_tokens + checked.max_tokens * body.choices
     limits = ratelimit.limits_for(principal, tier, state.producer.keys, cost)
+    record = Record.of(job, task_mode) if idempotency_key is not None else None
+    idempotency = None
+    if record is not None and idempotency_key is not None:
+        idempotency = (state.producer.keys.idempotency(principal.subject, idempotency_key), record.to_json())
     waiter = None if task_mode else state.replies.register(job.id, job.deadline_ms + DEADLINE_GRACE_MS)
     try:
         admission = await state.producer.admit(
@@ -127,6 +135,7 @@ async def submit(
             limits=limits,
             concurrency_cap=tier.concurrency,
             lease_ms=job.deadline_ms - now + DEADLINE_GRACE_MS,
+            idempotency=idempotency,
         )
     except RedisError as error:
         state.replies.unregister(job.id)
@@ -134,6 +143,14 @@ async def submit(
     except BaseException:
         state.replies.unregister(job.id)
         raise
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if admission.outcome == "replay" and record is not None and idempotency_key is not None:
+        state.replies.unregister(job.id)
+        first = Record.from_json(admission.replay)
+        if first.fingerprint != record.fingerprint:
+            raise _rejected(state, "invalid", reused(idempotency_key))
+        metrics.replayed.labels(name, "task" if task_mode else ("stream" if body.stream else "sync")).inc()
+        return await replay(state, job, first, request, {}, include_usage, task_mode, DEADLINE_GRACE_MS)
     if admission.outcome != "admitted":
         state.replies.unregister(job.id)
         if admission.outcome == "queue_full":
@@ -156,8 +173,7 @@ async def submit(
             status_code=202,
             headers={**headers, "Location": url},
         )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _answer(state, job, waiter, request, headers, include_usage)
+    return await _answer(state, job, waiter, request, headers, include_usage, keep=record is not None)
 
 
 def _rejected(state: AppState, reason: str, error: APIError) -> APIError:
@@ -230,16 +246,27 @@ def _timeout_body(job: Job) -> dict[str, Any]:
 
 
 async def _answer(
-    state: AppState, job: Job, waiter: Waiter, request: Request, headers: dict[str, str], include_usage: bool
+    state: AppState,
+    job: Job,
+    waiter: Waiter,
+    request: Request,
+    headers: dict[str, str],
+    include_usage: bool,
+    *,
+    keep: bool,
 ) -> Response:
-    """Wait for the answer (sync) or its first event (stream), watching for the client going away."""
+    """Wait for the answer (sync) or its first event (stream), watching for the client going away.
+
+    keep: the request has an Idempotency-Key; a client going away does not cancel it (its retry wants the answer).
+    """
     disconnect = asyncio.ensure_future(_wait_disconnect(request))
     handed_over = False
     try:
         while True:
             event = await _next(state, job, waiter, disconnect)
             if event == "disconnected":
-                _cancel(state, job, "client_disconnected")
+                if not keep:
+                    _cancel(state, job, "client_disconnected")
                 return Response(status_code=499)
             if event == "timeout":
                 _cancel(state, job, "deadline")
@@ -250,7 +277,7 @@ async def _answer(
             if job.stream and isinstance(event, ReplyEvent):
                 handed_over = True
                 return RelayResponse(
-                    _relay(state, job, waiter, event, include_usage),
+                    _relay(state, job, waiter, event, include_usage, keep=keep),
                     media_type="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
@@ -287,83 +314,11 @@ def _as_result(event: ReplyEvent | Result | str) -> Result | None:
     return None
 
 
-def _sse(data: str) -> bytes:
-    return f"data: {data}\n\n".encode()
-
-
-def _chunk(job: Job, choices: list[dict[str, Any]]) -> str:
-    return json.dumps(
-        {
-            "id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
-            "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
-            "created": job.enqueued_ms // 1000,
-            "model": job.model,
-            "choices": choices,
-        }
-    )
-
-
-@dataclass
-class _Sent:
-    """What the client has of one choice: its text, and whether any tool call delta reached it."""
-
-    text: list[str] = field(default_factory=list)
-    tool_calls: bool = False
-
-
-def _track(job: Job, sent: dict[int, _Sent], chunk: dict[str, Any]) -> None:
-    for choice in chunk.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        into = sent.setdefault(int(choice.get("index") or 0), _Sent())
-        if job.kind == "chat":
-            delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                into.text.append(delta["content"])
-            if delta.get("tool_calls"):
-                into.tool_calls = True
-        elif isinstance(choice.get("text"), str):
-            into.text.append(choice["text"])
-
-
-def _remainder(job: Job, sent: dict[int, _Sent], body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chunk choices that complete what the client has, from the final result (after lost chunks)."""
-    out = []
-    for choice in body.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        index = int(choice.get("index") or 0)
-        have = sent.get(index, _Sent())
-        already = "".join(have.text)
-        message: dict[str, Any] = (choice.get("message") or {}) if job.kind == "chat" else {}
-        value = message.get("content") if job.kind == "chat" else choice.get("text")
-        full: str = value if isinstance(value, str) else ""
-        if not full.startswith(already):
-            log.error("request %s: streamed text of choice %d is not a prefix of the final result", job.id, index)
-            rest = ""
-        else:
-            rest = full[len(already) :]
-        finish = choice.get("finish_reason")
-        calls = message.get("tool_calls") if not have.tool_calls else None
-        if not rest and not calls and index in sent:
-            continue  # the client has all of it
-        if job.kind == "chat":
-            delta: dict[str, Any] = {"content": rest} if rest or index not in sent else {}
-            if calls:
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-            if index not in sent:
-                delta = {"role": "assistant", **delta}
-            out.append({"index": index, "delta": delta, "logprobs": None, "finish_reason": finish})
-        else:
-            out.append({"index": index, "text": rest, "logprobs": None, "finish_reason": finish})
-    return out
-
-
 async def _relay(
-    state: AppState, job: Job, waiter: Waiter, first: ReplyEvent, include_usage: bool
+    state: AppState, job: Job, waiter: Waiter, first: ReplyEvent, include_usage: bool, *, keep: bool
 ) -> AsyncGenerator[bytes, None]:
     """Server-sent events for a streamed request; always ends with `data: [DONE]`."""
-    sent: dict[int, _Sent] = {}
+    sent: dict[int, Sent] = {}
     expected = 1
     gap = False
     finished = False
@@ -375,35 +330,24 @@ async def _relay(
                 if event.seq == expected and not gap:
                     expected += 1
                     for data in json.loads(event.data):
-                        _track(job, sent, data)
-                        yield _sse(json.dumps(data, separators=(",", ":")))
+                        track(job, sent, data)
+                        yield sse(json.dumps(data, separators=(",", ":")))
                 elif event.seq > expected:
                     gap = True  # chunks were lost on the way: the final result fills them in
                 event = await _next(state, job, waiter, None)
                 continue
             if event == "timeout":
                 _cancel(state, job, "deadline")
-                yield _sse(json.dumps(_timeout_body(job)))
-                yield _sse("[DONE]")
+                yield sse(json.dumps(_timeout_body(job)))
+                yield sse("[DONE]")
                 finished = True
                 return
             assert result is not None
-            if result.status != 200:
-                yield _sse(json.dumps(result.body))
-            else:
-                # Whatever the client lacks (lost chunks, or an answer that was complete before any chunk
-                # was relayed) comes from the final result.
-                choices = _remainder(job, sent, result.body)
-                if choices:
-                    yield _sse(_chunk(job, choices))
-                if include_usage and result.body.get("usage"):
-                    usage_chunk = json.loads(_chunk(job, []))
-                    usage_chunk["usage"] = result.body["usage"]
-                    yield _sse(json.dumps(usage_chunk))
-            yield _sse("[DONE]")
+            for data in final_events(job, sent, result, include_usage):
+                yield data
             finished = True
             return
     finally:
         state.replies.unregister(job.id)
-        if not finished:
+        if not finished and not keep:
             _cancel(state, job, "client_disconnected")

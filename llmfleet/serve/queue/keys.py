@@ -6,6 +6,7 @@ from the prefix, so Redis Cluster (which needs every key in KEYS) is not support
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 GROUP = "workers"
@@ -59,6 +60,11 @@ class Keys:
     def concurrency(self, subject: str) -> str:
         """Sorted set of a subject's in-flight request ids, scored by lease expiry (ms)."""
         return f"{self.prefix}:conc:{subject}"
+
+    def idempotency(self, subject: str, key: str) -> str:
+        """The request one subject's Idempotency-Key stands for (hashed: the key is the client's free text)."""
+        digest = hashlib.sha256(f"{subject}\0{key}".encode()).hexdigest()
+        return f"{self.prefix}:idem:{digest}"
 
     def rate(self, scope: str, name: str, unit: str) -> str:
         """Sliding-window counter of one limit: scope sub|tenant, unit req|tok."""

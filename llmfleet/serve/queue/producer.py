@@ -50,12 +50,14 @@ class LimitState:
 
 @dataclass(frozen=True)
 class Admission:
-    outcome: Literal["admitted", "rate_limited", "queue_full"]
+    outcome: Literal["admitted", "rate_limited", "queue_full", "replay"]
     depth: int = 0
     # rate_limited: the limit that refused, None for the concurrency cap.
     refused_by: Limit | None = None
     retry_after_ms: int = 0
     limits: tuple[LimitState, ...] = ()
+    # replay: the record the Idempotency-Key already stood for (nothing was queued or charged).
+    replay: str = ""
 
 
 async def ensure_groups(client: aioredis.Redis, keys: Keys, lanes: tuple[str, ...]) -> None:
@@ -92,8 +94,13 @@ class Producer:
         limits: tuple[Limit, ...],
         concurrency_cap: int,
         lease_ms: int,
+        idempotency: tuple[str, str] | None = None,
     ) -> Admission:
-        """Check depth, limits and the concurrency cap, and queue the job: one atomic step."""
+        """Check depth, limits and the concurrency cap, and queue the job: one atomic step.
+
+        idempotency: (the key's Redis key, the record to store under it once admitted). A key that already
+        stands for a request answers "replay" with its record, and queues and charges nothing.
+        """
         lanes = self.settings.lanes
         keys = [
             self.keys.lane(job.lane),
@@ -101,6 +108,7 @@ class Producer:
             self.keys.concurrency(job.subject),
             *(self.keys.lane(lane) for lane in lanes),
             *(limit.key for limit in limits),
+            *([idempotency[0]] if idempotency else []),
         ]
         ttl_s = int(max(job.deadline_ms - job.enqueued_ms, 0) / 1000) + self.settings.result_ttl_s
         args: list[Any] = [
@@ -117,8 +125,12 @@ class Producer:
         ]
         for limit in limits:
             args += [limit.limit, limit.cost, limit.window_ms]
-        reply: list[int] = await self.scripts.admit(keys=keys, args=args)
+        if idempotency:
+            args.append(idempotency[1])
+        reply: list[Any] = await self.scripts.admit(keys=keys, args=args)
         status = int(reply[0])
+        if status == 5:
+            return Admission("replay", replay=str(reply[1]))
         if status == 4:
             return Admission("admitted", depth=0, limits=())
         if status == 3:

@@ -36,19 +36,28 @@ end
 """
 
 # KEYS: 1 target lane stream, 2 job hash, 3 concurrency zset,
-#       4..3+L every lane stream (depth), then one hash per rate limit.
+#       4..3+L every lane stream (depth), then one hash per rate limit,
+#       then, for a request with an Idempotency-Key, its key (keys.idempotency).
 # ARGV: 1 max_depth, 2 L, 3 request id, 4 job json, 5 job ttl s, 6 subject,
 #       7 mode, 8 concurrency cap (0 = none), 9 concurrency lease ms,
-#       10 number of limits N, then N x (limit, cost, window ms); limit 0 = none.
+#       10 number of limits N, then N x (limit, cost, window ms); limit 0 = none;
+#       then the idempotency record to store (with the key above).
 # Returns {1, depth, remaining_1, reset_ms_1, ...}            admitted
 #         {2, which, retry_after_ms, remaining_1, reset_ms_1, ...}  rate limited
 #                   (which: 0 = concurrency cap, i = i-th limit)
 #         {3, depth}                                            queue full
 #         {4}                                   already queued (a retried call)
+#         {5, record}     the Idempotency-Key already stands for a request
 ADMIT = (
     _NOW
     + """
 local now = now_ms()
+-- A key already used: the earlier request's record, before any limit is charged.
+local idem = KEYS[4 + tonumber(ARGV[2]) + tonumber(ARGV[10])]
+if idem then
+  local record = redis.call('GET', idem)
+  if record then return {5, record} end
+end
 -- A retried call (the reply to the first was lost) must not queue the job twice.
 if redis.call('EXISTS', KEYS[2]) == 1 then return {4} end
 local lanes = tonumber(ARGV[2])
@@ -125,6 +134,10 @@ end
 redis.call('HSET', KEYS[2], 'sub', ARGV[6], 'state', 'queued', 'attempts', 0, 'mode', ARGV[7], 'created', now)
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[5]))
 redis.call('XADD', KEYS[1], '*', 'id', ARGV[3], 'job', ARGV[4])
+if idem then
+  -- Kept as long as the answer is (the job's ttl): a retry within it finds the answer.
+  redis.call('SET', idem, ARGV[11 + 3 * tonumber(ARGV[10])], 'EX', tonumber(ARGV[5]))
+end
 local out = {1, depth + 1}
 for _, x in ipairs(report) do table.insert(out, x) end
 return out

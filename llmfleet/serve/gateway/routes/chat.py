@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
+from llmfleet.serve.gateway import idempotency
 from llmfleet.serve.gateway.deps import PrincipalDep, StateDep
 from llmfleet.serve.gateway.routes import PREFER, completion_responses
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest
@@ -24,5 +25,8 @@ async def chat_completions(
     principal: PrincipalDep,
     state: StateDep,
     prefer: Annotated[str | None, Header(description=PREFER, max_length=256)] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias=idempotency.HEADER, description=idempotency.DESCRIPTION, pattern=idempotency.PATTERN)
+    ] = None,
 ) -> Response:
-    return await submit("chat", body, request, principal, state, prefer)
+    return await submit("chat", body, request, principal, state, prefer, idempotency_key)

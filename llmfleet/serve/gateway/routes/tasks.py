@@ -12,7 +12,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from llmfleet.serve.gateway.auth import Principal
 from llmfleet.serve.gateway.deps import AppState, PrincipalDep, StateDep
 from llmfleet.serve.gateway.errors import APIError, queue_errors_as_503
 from llmfleet.serve.gateway.routes import errors
@@ -23,11 +22,12 @@ router = APIRouter(tags=["tasks"])
 TaskId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the id from the 202 (or x-request-id)")]
 
 
-async def _status(task_id: str, principal: Principal, state: AppState) -> TaskStatus:
+async def task_status(task_id: str, subject: str, state: AppState) -> TaskStatus:
+    """The task's status and, once finished, its result; 404 for anyone but its subject."""
     with queue_errors_as_503():
         job = await state.producer.job_state(task_id)
         result = await state.producer.result(task_id)
-    if not job or job.get("sub") != principal.subject:
+    if not job or job.get("sub") != subject:
         raise APIError(
             404,
             f"no task {task_id} (finished tasks are kept for the retention period)",
@@ -50,7 +50,7 @@ async def _status(task_id: str, principal: Principal, state: AppState) -> TaskSt
     summary="A request's status and result",
 )
 async def get_task(task_id: TaskId, principal: PrincipalDep, state: StateDep) -> TaskStatus:
-    return await _status(task_id, principal, state)
+    return await task_status(task_id, principal.subject, state)
 
 
 @router.delete(
@@ -60,7 +60,7 @@ async def get_task(task_id: TaskId, principal: PrincipalDep, state: StateDep) ->
     summary="Cancel a request (queued: never starts; running: its engine request stops)",
 )
 async def cancel_task(task_id: TaskId, principal: PrincipalDep, state: StateDep) -> TaskStatus:
-    status = await _status(task_id, principal, state)
+    status = await task_status(task_id, principal.subject, state)
     if status.status in ("queued", "running"):
         with queue_errors_as_503():
             await state.producer.cancel(task_id, principal.subject)

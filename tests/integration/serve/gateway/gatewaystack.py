@@ -304,6 +304,8 @@ class Stack:
                 }
             ),
             "LLMFLEET_GATEWAY_RESULT_POLL_S": "1.0",
+            # A replayed stream's keep-alive comments show within a test's patience (default 10 s).
+            "LLMFLEET_GATEWAY_STREAM_KEEPALIVE_S": "0.5",
             "LLMFLEET_GATEWAY_REGISTRY_MAX_AGE_S": "0.2",
         }
         self.gateway = (
