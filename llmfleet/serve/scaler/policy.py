@@ -176,15 +176,18 @@ def decide(
         return Decision("taken", "taken", reason, alerts, kind, direction, action)
 
     if kind == "engines":
-        if fleet.engine_hosts is None or fleet.standby_hosts is None:
-            return declined("unknown_group", "the inventory lacks the engine group or the standby group")
+        if fleet.engine_hosts is None:
+            return declined("unknown_group", "the inventory lacks the engine group")
+        # A standby group the inventory lacks has no host left: ansible-inventory leaves out a group the
+        # llmfleet_scaler plugin emptied by moving its last host into the engine group.
+        standby = fleet.standby_hosts or ()
         engines = list(dict.fromkeys([*fleet.engine_hosts, *state.engines_added]))
         if direction == "out":
             if len(engines) >= bounds.max:
                 return declined("at_max", f"at max engines: {len(engines)} engine hosts, max {bounds.max}")
-            free = [host for host in fleet.standby_hosts if host not in engines]
+            free = [host for host in standby if host not in engines]
             if not free:
-                return declined("no_standby", "no standby host left")
+                return declined("no_standby", "no standby host left (none in the standby group, or no such group)")
             return taken(f"add {free[0]} as an engine host", host=free[0])
         if not state.engines_added:
             return declined(

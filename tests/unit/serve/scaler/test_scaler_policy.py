@@ -116,7 +116,17 @@ def test_bounds(kind: str, action: str, state: State, fleet: Fleet, code: str) -
 
 def test_no_standby_host_left_is_said_so() -> None:
     decision = run(one_request(alert(kind="engines")), State(engines_added=("gpu3",)), Fleet(("gpu1",), ("gpu3",), {}))
-    assert decision.reason == "no standby host left"
+    assert decision.reason == "no standby host left (none in the standby group, or no such group)"
+
+
+def test_a_standby_group_emptied_by_the_scale_out_still_lets_the_host_be_removed() -> None:
+    # The inventory plugin moved gpu3, the only standby host, into the engine group: ansible-inventory then
+    # lists no standby group at all (seen in the lab). Scale-in must still take gpu3 back; scale-out has none left.
+    state, fleet = State(engines_added=("gpu3",)), Fleet(("gpu1", "gpu3"), None, {"gw1": 1})
+    scale_in = run(one_request(alert("ScaleInPossible", "engines", "in")), state, fleet)
+    assert scale_in.action is not None and scale_in.action.host == "gpu3"
+    scale_out = run(one_request(alert(kind="engines")), state, fleet)
+    assert scale_out.code == "no_standby"
 
 
 def test_workers_stop_at_max_on_each_host_and_change_only_those_below() -> None:
