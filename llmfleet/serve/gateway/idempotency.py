@@ -87,7 +87,6 @@ async def replay(
     job: Job,
     first: Record,
     request: Request,
-    headers: dict[str, str],
     include_usage: bool,
     task: bool,
     grace_ms: int,
@@ -98,7 +97,8 @@ async def replay(
     """
     deadline_ms = first.deadline_ms + grace_ms
     original = dataclasses.replace(job, id=first.id, enqueued_ms=first.enqueued_ms, deadline_ms=deadline_ms)
-    headers = {**headers, **REPLAYED, "x-request-id": first.id}
+    # x-request-id stays this HTTP request's own (the RequestId middleware sets it); the body carries first.id.
+    headers = dict(REPLAYED)
     if task:
         url = f"/v1/tasks/{first.id}"
         status = await task_status(first.id, job.subject, state)

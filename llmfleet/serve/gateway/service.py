@@ -123,9 +123,9 @@ async def submit(
     # Tokens charged: the prompt and every choice's answer (n choices may each use max_tokens).
     cost = checked.prompt_tokens + checked.max_tokens * body.choices
     limits = ratelimit.limits_for(principal, tier, state.producer.keys, cost)
-    record = Record.of(job, task_mode) if idempotency_key is not None else None
-    idempotency = None
-    if record is not None and idempotency_key is not None:
+    record = idempotency = None
+    if idempotency_key is not None:
+        record = Record.of(job, task_mode)
         idempotency = (state.producer.keys.idempotency(principal.subject, idempotency_key), record.to_json())
     waiter = None if task_mode else state.replies.register(job.id, job.deadline_ms + DEADLINE_GRACE_MS)
     try:
@@ -150,7 +150,7 @@ async def submit(
         if first.fingerprint != record.fingerprint:
             raise _rejected(state, "invalid", reused(idempotency_key))
         metrics.replayed.labels(name, "task" if task_mode else ("stream" if body.stream else "sync")).inc()
-        return await replay(state, job, first, request, {}, include_usage, task_mode, DEADLINE_GRACE_MS)
+        return await replay(state, job, first, request, include_usage, task_mode, DEADLINE_GRACE_MS)
     if admission.outcome != "admitted":
         state.replies.unregister(job.id)
         if admission.outcome == "queue_full":
