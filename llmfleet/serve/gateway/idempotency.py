@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError
 from llmfleet.serve.gateway.routes.tasks import task_status
-from llmfleet.serve.gateway.sse import KEEPALIVE, Sent, final_events
+from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, final_events
 from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
 
 HEADER = "Idempotency-Key"
@@ -108,7 +108,7 @@ async def replay(
         return StreamingResponse(
             _replayed_stream(state, original, include_usage),
             media_type="text/event-stream",
-            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={**headers, **HEADERS},
         )
     result = await _result(state, original, request)
     if result is None:

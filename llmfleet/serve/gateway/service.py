@@ -3,9 +3,11 @@
 Three modes:
 - sync: the client waits; the answer comes on this process's reply stream
   (and is also stored, so a lost notification is found by polling the key);
-- stream (`"stream": true`): the gateway waits for the first event, then
-  relays chunks as server-sent events in order (seq numbers; a gap is filled
-  from the final result), ending with `data: [DONE]`;
+- stream (`"stream": true`): once admitted, the client gets the SSE headers
+  at once and keep-alive comments while the request waits; chunks are relayed
+  in order (seq numbers, see sse.Sequencer for a gap), an answer that comes
+  whole is converted to chunks, an error becomes a `data: {"error": ...}`
+  event; the stream always ends with `data: [DONE]`;
 - task (`Prefer: respond-async`): 202 with an id at once; GET /v1/tasks/{id}.
 
 A client that goes away (or a gateway-side timeout) cancels the request: the
@@ -35,7 +37,7 @@ from llmfleet.serve.gateway.errors import APIError, queue_unavailable
 from llmfleet.serve.gateway.idempotency import Record, replay, reused
 from llmfleet.serve.gateway.middleware import request_id
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from llmfleet.serve.gateway.sse import Sent, final_events, sse, track
+from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, Sequencer, final_events, sse, track
 from llmfleet.serve.gateway.validation import check_chat, check_completion
 from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms
 from llmfleet.serve.queue.producer import Waiter
@@ -173,7 +175,14 @@ async def submit(
             status_code=202,
             headers={**headers, "Location": url},
         )
-    return await _answer(state, job, waiter, request, headers, include_usage, keep=record is not None)
+    if job.stream:
+        # Headers now, so the client has its request id and proxies see traffic while it waits.
+        return RelayResponse(
+            _relay(state, job, waiter, include_usage, keep=record is not None),
+            media_type="text/event-stream",
+            headers={**headers, **HEADERS},
+        )
+    return await _answer(state, job, waiter, request, headers, keep=record is not None)
 
 
 def _rejected(state: AppState, reason: str, error: APIError) -> APIError:
@@ -195,22 +204,28 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _next(
-    state: AppState, job: Job, waiter: Waiter, disconnect: asyncio.Task[None] | None
+    state: AppState, job: Job, waiter: Waiter, disconnect: asyncio.Task[None] | None, idle_s: float | None = None
 ) -> ReplyEvent | Result | str:
-    """The next event for job: a ReplyEvent, a Result found by polling, "disconnected" or "timeout"."""
+    """The next event for job: a ReplyEvent, a Result found by polling, "disconnected" or "timeout".
+
+    idle_s: return "idle" when nothing came for that long (after a look at the stored result).
+    """
     poll_s = state.settings.result_poll_s
+    loop = asyncio.get_running_loop()
+    idle_at = None if idle_s is None else loop.time() + idle_s
     while True:
         remaining_s = (job.deadline_ms + DEADLINE_GRACE_MS - now_ms()) / 1000
         if remaining_s <= 0:
             return "timeout"
         if not waiter.events.empty():
             return waiter.events.get_nowait()
+        wait_s = min(poll_s, remaining_s)
+        if idle_at is not None:
+            wait_s = max(min(wait_s, idle_at - loop.time()), 0.0)
         get = asyncio.ensure_future(waiter.events.get())
         wait_for: set[asyncio.Future[Any]] = {get} if disconnect is None else {get, disconnect}
         try:
-            done, _ = await asyncio.wait(
-                wait_for, timeout=min(poll_s, remaining_s), return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(wait_for, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not get.done():
                 get.cancel()
@@ -218,14 +233,16 @@ async def _next(
             return get.result()
         if disconnect is not None and disconnect in done:
             return "disconnected"
-        # Nothing on the stream for poll_s: the notification may be lost (trimmed
+        # Nothing on the stream for a while: the notification may be lost (trimmed
         # stream, Redis restart); the stored result is the source of truth.
         try:
             result = await state.producer.result(job.id)
         except RedisError:
-            continue
+            result = None
         if result is not None:
             return result
+        if idle_at is not None and loop.time() >= idle_at:
+            return "idle"
 
 
 def _cancel(state: AppState, job: Job, reason: str) -> None:
@@ -251,16 +268,14 @@ async def _answer(
     waiter: Waiter,
     request: Request,
     headers: dict[str, str],
-    include_usage: bool,
     *,
     keep: bool,
 ) -> Response:
-    """Wait for the answer (sync) or its first event (stream), watching for the client going away.
+    """Wait for a sync request's answer, watching for the client going away.
 
     keep: the request has an Idempotency-Key; a client going away does not cancel it (its retry wants the answer).
     """
     disconnect = asyncio.ensure_future(_wait_disconnect(request))
-    handed_over = False
     try:
         while True:
             event = await _next(state, job, waiter, disconnect)
@@ -274,18 +289,10 @@ async def _answer(
             result = _as_result(event)
             if result is not None:
                 return JSONResponse(result.body, status_code=result.status, headers=headers)
-            if job.stream and isinstance(event, ReplyEvent):
-                handed_over = True
-                return RelayResponse(
-                    _relay(state, job, waiter, event, include_usage, keep=keep),
-                    media_type="text/event-stream",
-                    headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
             # a chunk for a non-streaming request cannot happen; ignore it
     finally:
         disconnect.cancel()
-        if not handed_over:
-            state.replies.unregister(job.id)
+        state.replies.unregister(job.id)
 
 
 class RelayResponse(StreamingResponse):
@@ -315,38 +322,64 @@ def _as_result(event: ReplyEvent | Result | str) -> Result | None:
 
 
 async def _relay(
-    state: AppState, job: Job, waiter: Waiter, first: ReplyEvent, include_usage: bool, *, keep: bool
+    state: AppState, job: Job, waiter: Waiter, include_usage: bool, *, keep: bool
 ) -> AsyncGenerator[bytes, None]:
-    """Server-sent events for a streamed request; always ends with `data: [DONE]`."""
+    """Server-sent events for a streamed request, from admission on; always ends with `data: [DONE]`.
+
+    Keep-alive comments whenever nothing was sent for stream_keepalive_s (in the
+    queue, or while a broken stream is taken over by another worker). Chunk
+    events are relayed in seq order; at a gap, later ones wait at most
+    result_poll_s (sse.Sequencer): by then the stored result has been looked
+    at, so a final result that is near fills the gap exactly. The final
+    result ends the stream with what the client lacks (all of it when the
+    answer came whole), or with its error as a `data: {"error": ...}` event.
+    """
+    loop = asyncio.get_running_loop()
+    keepalive_s = state.settings.stream_keepalive_s
     sent: dict[int, Sent] = {}
-    expected = 1
-    gap = False
+    order = Sequencer(patience_s=state.settings.result_poll_s)
     finished = False
-    event: ReplyEvent | Result | str = first
+    wrote = loop.time()
     try:
         while True:
-            result = _as_result(event)
-            if result is None and isinstance(event, ReplyEvent):
-                if event.seq == expected and not gap:
-                    expected += 1
-                    for data in json.loads(event.data):
-                        track(job, sent, data)
-                        yield sse(json.dumps(data, separators=(",", ":")))
-                elif event.seq > expected:
-                    gap = True  # chunks were lost on the way: the final result fills them in
-                event = await _next(state, job, waiter, None)
-                continue
+            now = loop.time()
+            idle_s = max(keepalive_s - (now - wrote), 0.0)
+            gap_s = order.wait_s(now)
+            event = await _next(state, job, waiter, None, idle_s if gap_s is None else min(idle_s, gap_s))
             if event == "timeout":
                 _cancel(state, job, "deadline")
                 yield sse(json.dumps(_timeout_body(job)))
                 yield sse("[DONE]")
                 finished = True
                 return
-            assert result is not None
-            for data in final_events(job, sent, result, include_usage):
-                yield data
-            finished = True
-            return
+            result = _as_result(event)
+            if result is not None:
+                if order.pending:
+                    log.info("request %s: chunk event %d never came; the final result fills in", job.id, order.expected)
+                for data in final_events(job, sent, result, include_usage):
+                    yield data
+                finished = True
+                return
+            if isinstance(event, ReplyEvent):
+                ready = order.add(event.seq, event.data, loop.time())
+            else:  # idle
+                skipped = order.skipped
+                ready = order.give_up(loop.time())
+                if order.skipped > skipped:
+                    log.warning(
+                        "request %s: %d chunk event(s) lost before seq %d; relaying what follows without them",
+                        job.id,
+                        order.skipped - skipped,
+                        order.expected - len(ready),
+                    )
+            for batch in ready:
+                for data in json.loads(batch):
+                    track(job, sent, data)
+                    yield sse(json.dumps(data, separators=(",", ":")))
+                wrote = loop.time()
+            if loop.time() - wrote >= keepalive_s:
+                yield KEEPALIVE
+                wrote = loop.time()
     finally:
         state.replies.unregister(job.id)
         if not finished and not keep:

@@ -1,7 +1,7 @@
 """Server-sent events of a completion: chunks in OpenAI's shape, and the final result's part a client lacks.
 
 Shared by the relay of a live stream (service.py) and the replay of a finished
-one (idempotency.py).
+one (idempotency.py); Sequencer puts a live stream's chunk events in order.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 # An SSE comment: clients ignore it, idle-timeout proxies see traffic.
 KEEPALIVE = b": keep-alive\n\n"
+# The response headers of every stream (besides its content type): no caching, no proxy buffering.
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse(data: str) -> bytes:
@@ -85,9 +87,13 @@ def remainder(job: Job, sent: dict[int, Sent], body: dict[str, Any]) -> list[dic
                 delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
             if index not in sent:
                 delta = {"role": "assistant", **delta}
-            out.append({"index": index, "delta": delta, "logprobs": None, "finish_reason": finish})
+        # A choice the client has nothing of gets its logprobs too (the chunk's shape is the result's);
+        # those of a remainder cannot be split from what was streamed.
+        logprobs = choice.get("logprobs") if index not in sent else None
+        if job.kind == "chat":
+            out.append({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         else:
-            out.append({"index": index, "text": rest, "logprobs": None, "finish_reason": finish})
+            out.append({"index": index, "text": rest, "logprobs": logprobs, "finish_reason": finish})
     return out
 
 
@@ -108,3 +114,57 @@ def final_events(job: Job, sent: dict[int, Sent], result: Result, include_usage:
             events.append(sse(json.dumps(usage_chunk)))
     events.append(sse("[DONE]"))
     return events
+
+
+@dataclass
+class Sequencer:
+    """A live stream's chunk events (numbered 1, 2, ... by seq) in order, with a bounded wait at a gap.
+
+    Workers number a request's chunk events in the same atomic step that adds
+    them to the reply stream, so they arrive in order; a missing number means
+    events were lost on the way (trimmed from a reply stream read too late,
+    or lost with Redis's last writes) and will not come later. Events after a
+    gap are held for at most `patience_s`: if the final result comes within it,
+    it fills in everything from where the client is (exact text); past it, the
+    relay skips the missing numbers and goes on, so a gap costs a bounded
+    pause, not every later chunk.
+    """
+
+    patience_s: float
+    expected: int = 1
+    pending: dict[int, str] = field(default_factory=dict)
+    gap_since: float | None = None
+    skipped: int = 0
+
+    def add(self, seq: int, data: str, now: float) -> list[str]:
+        """Take chunk event `seq`; the data of the events now ready to relay, in order (duplicates ignored)."""
+        if seq >= self.expected and seq not in self.pending:
+            self.pending[seq] = data
+        return self._ready(now)
+
+    def wait_s(self, now: float) -> float | None:
+        """How long the relay may still wait for a missing event; None without a gap."""
+        if self.gap_since is None:
+            return None
+        return max(self.patience_s - (now - self.gap_since), 0.0)
+
+    def give_up(self, now: float) -> list[str]:
+        """Once a gap has waited patience_s: skip the missing numbers and return what follows them."""
+        wait = self.wait_s(now)
+        if wait is None or wait > 0:
+            return []
+        first = min(self.pending)
+        self.skipped += first - self.expected
+        self.expected = first
+        return self._ready(now)
+
+    def _ready(self, now: float) -> list[str]:
+        out = []
+        while self.expected in self.pending:
+            out.append(self.pending.pop(self.expected))
+            self.expected += 1
+        if not self.pending:
+            self.gap_since = None
+        elif out or self.gap_since is None:
+            self.gap_since = now  # a new gap (or one left after progress) gets its own wait
+        return out
