@@ -1,7 +1,6 @@
 """The worker: takes requests from the queue, calls engines, delivers each result once.
 
-Length: over 500 lines because the tasks below share one loop's state; its hand-written
-HTTP server (about 60 lines) is due to become aiohttp.web, which brings it under.
+Length: over 500 lines because the tasks below share one loop's state.
 
 Tasks of one worker process (all on one asyncio loop):
 - take: up to `concurrency` requests in flight; highest lane first;
@@ -9,7 +8,19 @@ Tasks of one worker process (all on one asyncio loop):
 - heartbeat: TOUCH held entries; cancel requests whose client went away;
 - cancel listener: the gateways' PUBLISH on <prefix>:cancel stops a request at once;
 - health: the engine pool's checks; report: the engine registry and queue gauges;
-- http: /metrics, /healthz, /readyz on listen_host:listen_port.
+- http: /metrics, /healthz, /readyz on listen_host:listen_port (aiohttp.web).
+
+Redis going away (outage.py has the whole policy): each client retries a
+command briefly (redis-py's Retry); a restart is ridden out by one more Retry,
+without a limit on tries, around start-up, taking work, each queue step of a
+job (until its deadline plus a grace) and the cancel channel. Taken entries
+stay pending meanwhile: if the worker dies, another one reclaims them.
+
+HTTP listener (the role's healthcheck and deploy check, Prometheus), any
+method: /healthz 200 "ok"; /readyz 200 "ready" or 503 with the reason
+("draining", "redis unreachable", "no healthy engine"); /metrics; else 404
+"not found". One line of text/plain without a charset; /metrics is
+prometheus_client's CONTENT_TYPE_LATEST.
 
 SIGTERM drains: stop taking work, let in-flight requests finish within
 drain_timeout_s, hand back the rest (idle set far past claim_idle_ms, so the
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -29,7 +41,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 import redis.asyncio as aioredis
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from llmfleet.serve.queue import registry
@@ -38,6 +52,7 @@ from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
 from llmfleet.serve.worker.config import WorkerSettings
 from llmfleet.serve.worker.engine import POISON_CODE, EngineCaller, Fenced, engine_session
 from llmfleet.serve.worker.metrics import WorkerMetrics
+from llmfleet.serve.worker.outage import DELIVER_GRACE_MS, RedisOutage
 from llmfleet.serve.worker.pool import EnginePool
 
 log = logging.getLogger(__name__)
@@ -55,6 +70,13 @@ class InFlight:
     stop_reason: str | None = None  # "client" or "drain"
 
 
+def redis_clients(settings: WorkerSettings) -> tuple[aioredis.Redis, aioredis.Redis]:
+    """The worker's clients: one for commands, one for blocking reads; each retries as outage.py says (layer 1)."""
+    commands = settings.redis.client(name=settings.id)
+    blocking = settings.redis.client(blocking_s=settings.block_ms / 1000, name=f"{settings.id}-read")
+    return commands, blocking
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
@@ -67,7 +89,8 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
-        self._http_server: asyncio.Server | None = None
+        self._http_runner: web.AppRunner | None = None
+        self.outage = RedisOutage(down=self._redis_down)
         self.client: aioredis.Redis | None = None
         self.blocking: aioredis.Redis | None = None
         self.http: aiohttp.ClientSession | None = None
@@ -76,8 +99,7 @@ class Worker:
 
     async def start(self) -> None:
         settings = self.settings
-        self.client = settings.redis.client(name=self.id)
-        self.blocking = settings.redis.client(blocking_s=settings.block_ms / 1000, name=f"{self.id}-read")
+        self.client, self.blocking = redis_clients(settings)
         self.consumer = Consumer(self.client, self.blocking, settings.queue, self.id)
         self.http = engine_session(settings.concurrency, settings.connect_timeout_s, settings.queue.request_timeout_s)
         self.pool = EnginePool(
@@ -100,13 +122,16 @@ class Worker:
             request_timeout_s=settings.queue.request_timeout_s,
             health_interval_s=settings.health_interval_s,
             poison_after=settings.queue.poison_after,
+            outage=self.outage,
         )
         self.metrics.capacity.set(settings.concurrency)
         if settings.listen_port:
-            self._http_server = await asyncio.start_server(self._serve_http, settings.listen_host, settings.listen_port)
-        await self._until_redis(self.consumer.ensure_groups)
+            # Up before Redis: /healthz answers, and /readyz says why the worker is not ready yet.
+            self._http_runner = web.AppRunner(self.http_app(), access_log=None)
+            await self._http_runner.setup()
+            await web.TCPSite(self._http_runner, settings.listen_host, settings.listen_port).start()
         await self.pool.check_all()
-        await self._report()
+        await self.outage.call("connecting", self._first_contact, give_up=lambda: False)
         self._background = [
             asyncio.create_task(self.pool.run_checks(), name="health"),
             asyncio.create_task(self._every(settings.health_interval_s, self._report), name="report"),
@@ -158,8 +183,8 @@ class Worker:
                 await registry.withdraw(self.client, self.consumer.keys, self.id)
             except RedisError as error:  # the report expires after engine_stale_s anyway
                 log.warning("could not withdraw this worker's engine report: %s", error)
-        if self._http_server is not None:
-            self._http_server.close()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
         if self.http is not None:
             await self.http.close()
         for client in (self.client, self.blocking):
@@ -181,24 +206,25 @@ class Worker:
             except Exception:  # a loop must not die quietly: log it and carry on
                 log.exception("%s failed", step.__name__)
 
-    async def _until_redis(self, step: Callable[[], Awaitable[T]]) -> T:
-        backoff = 0.1
-        while True:
-            try:
-                value = await step()
-                self.redis_ok = True
-                return value
-            except RedisError as error:
-                self.redis_ok = False
-                log.warning("waiting for redis: %s", error)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+    async def _first_contact(self) -> None:
+        """The consumer groups, then the first report; one step, so Redis going away between them is an outage too."""
+        await self.consumer.ensure_groups()
+        await self._report()  # sets redis_ok: /readyz says ready from here on
+
+    def _redis_down(self) -> None:
+        self.redis_ok = False
+
+    def _is_draining(self) -> bool:
+        return self.draining
 
     def _free_slots(self) -> int:
         return self.settings.concurrency - len(self.inflight)
 
+    async def _take(self, free: int) -> list[Entry]:
+        entries = await self.consumer.take(free)
+        return entries or await self.consumer.wait_take(free, self.settings.block_ms)
+
     async def _take_loop(self) -> None:
-        backoff = 0.1
         while not self.draining:
             free = self._free_slots()
             if free <= 0:
@@ -211,23 +237,20 @@ class Worker:
                 await self.pool.wait_changed(self.settings.health_interval_s)
                 continue
             try:
-                entries = await self.consumer.take(free)
-                if not entries:
-                    entries = await self.consumer.wait_take(free, self.settings.block_ms)
-                self.redis_ok = True
-                backoff = 0.1
-            except ResponseError as error:
-                if "NOGROUP" not in str(error):
+                entries = await self.outage.call(
+                    "taking work", functools.partial(self._take, free), give_up=self._is_draining
+                )
+            except RedisError as error:
+                if self.draining:  # the outage outlasted the loop: a drain takes nothing more
+                    break
+                if not (isinstance(error, ResponseError) and "NOGROUP" in str(error)):
                     raise
                 log.warning("consumer groups are gone (Redis lost its data?); creating them again")
-                await self._until_redis(self.consumer.ensure_groups)
+                await self.outage.call(
+                    "creating the consumer groups", self.consumer.ensure_groups, give_up=self._is_draining
+                )
                 continue
-            except RedisError as error:
-                self.redis_ok = False
-                log.warning("taking work: redis: %s; retrying in %.1f s", error, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
+            self.redis_ok = True
             for entry in entries:
                 self._spawn(entry)
 
@@ -254,21 +277,22 @@ class Worker:
         self.redis_ok = True
 
     async def _listen_cancels(self) -> None:
+        try:
+            await self.outage.call("cancel channel", self._follow_cancels, give_up=lambda: self.closing)
+        except Exception:  # not an outage: say so; the heartbeat still finds cancelled requests
+            if not self.closing:
+                log.exception("cancel channel failed; cancels reach this worker through its heartbeat only")
+
+    async def _follow_cancels(self) -> None:
+        """Follow the gateways' cancels until the worker closes."""
         assert self.client is not None
-        channel = self.consumer.keys.cancel_channel
-        while not self.closing:
-            try:
-                async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self._cancel(str(message["data"]))
-            except RedisError as error:
-                log.warning("cancel channel: %s; resubscribing", error)
-                await asyncio.sleep(0.5)
-            except Exception:
-                log.exception("cancel channel failed; resubscribing")
-                await asyncio.sleep(0.5)
+        async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(self.consumer.keys.cancel_channel)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    self._cancel(str(message["data"]))
+        if not self.closing:  # the subscription ended under us: the outage policy subscribes again
+            raise RedisConnectionError("the cancel channel's subscription ended")
 
     def _cancel(self, request_id: str) -> None:
         record = self.inflight.get(request_id)
@@ -329,17 +353,9 @@ class Worker:
             self._slot_free.set()
 
     async def _with_redis(self, job: Job, step: Callable[[], Awaitable[T]]) -> T:
-        """Retry a queue step through a Redis outage until the job's deadline (plus a grace to deliver)."""
-        backoff = 0.05
-        give_up_ms = job.deadline_ms + 30_000
-        while True:
-            try:
-                return await step()
-            except RedisError:
-                if now_ms() > give_up_ms:
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        """A queue step of a job, through a Redis outage until the job's deadline plus DELIVER_GRACE_MS."""
+        give_up_ms = job.deadline_ms + DELIVER_GRACE_MS
+        return await self.outage.call(f"request {job.id}", step, give_up=lambda: now_ms() > give_up_ms)
 
     async def _process(self, record: InFlight) -> None:
         entry = record.entry
@@ -460,36 +476,34 @@ class Worker:
             return False, "no healthy engine"
         return True, "ready"
 
-    async def _serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A minimal HTTP/1.0 responder for Prometheus and container health checks."""
-        try:
-            async with asyncio.timeout(5):
-                request_line = await reader.readline()
-                while (await reader.readline()).strip():
-                    pass
-            parts = request_line.decode("latin-1").split()
-            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
-            status, content_type, body = 404, "text/plain", b"not found\n"
-            if path == "/metrics":
-                status, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
-            elif path == "/healthz":
-                status, body = 200, b"ok\n"
-            elif path == "/readyz":
-                ok, reason = self.ready()
-                status, body = (200 if ok else 503), f"{reason}\n".encode()
-            reason_phrase = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
-            head = (
-                f"HTTP/1.0 {status} {reason_phrase}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    def http_app(self) -> web.Application:
+        """The listener for Prometheus and the health checks (answers as in the module docstring)."""
+        app = web.Application()
+        # Any method, as the listener always answered (aiohttp leaves out the body of a HEAD answer).
+        app.router.add_route("*", "/metrics", self._metrics)
+        app.router.add_route("*", "/healthz", self._healthz)
+        app.router.add_route("*", "/readyz", self._readyz)
+        app.router.add_route("*", "/{path:.*}", self._not_found)
+        return app
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return _text(200, "ok")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        ok, reason = self.ready()
+        return _text(200 if ok else 503, reason)
+
+    async def _not_found(self, _request: web.Request) -> web.Response:
+        return _text(404, "not found")
+
+
+def _text(status: int, line: str) -> web.Response:
+    """One line of plain text; Content-Type without a charset, as the hand-written listener sent it."""
+    return web.Response(status=status, body=f"{line}\n".encode(), content_type="text/plain")
 
 
 async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> None:

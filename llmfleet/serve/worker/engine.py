@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 from llmfleet.serve.queue.consumer import Consumer
 from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
 from llmfleet.serve.worker.metrics import WorkerMetrics
+from llmfleet.serve.worker.outage import RedisOutage
 from llmfleet.serve.worker.pool import Engine, EnginePool
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,9 @@ def continuable(job: Job) -> bool:
 class ChunkRelay:
     """Publishes chunks in order from a background task, batching what piles up while a call is in flight."""
 
-    def __init__(self, consumer: Consumer, job: Job, attempt: int) -> None:
+    def __init__(self, consumer: Consumer, job: Job, attempt: int, outage: RedisOutage) -> None:
         self.consumer = consumer
+        self.outage = outage
         self.job = job
         self.attempt = attempt
         self.calls = 0
@@ -243,16 +245,13 @@ class ChunkRelay:
                 return
 
     async def _publish(self, chunks: list[str], text: str, tokens: int) -> int:
-        """CHUNK, retried through a Redis outage until the job's deadline."""
-        backoff = 0.05
-        while True:
-            try:
-                return await self.consumer.chunk(self.job, self.attempt, self.calls, text, tokens, chunks)
-            except RedisError:
-                if now_ms() + backoff * 1000 > self.job.deadline_ms:
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        """CHUNK, through a Redis outage until the job's deadline (the stream is no use after it)."""
+        job, calls = self.job, self.calls
+        return await self.outage.call(
+            f"request {job.id}: chunks",
+            lambda: self.consumer.chunk(job, self.attempt, calls, text, tokens, chunks),
+            give_up=lambda: now_ms() > job.deadline_ms,
+        )
 
 
 @dataclass
@@ -267,6 +266,7 @@ class EngineCaller:
     request_timeout_s: float
     health_interval_s: float
     poison_after: int = 2
+    outage: RedisOutage = field(default_factory=RedisOutage)
     _created: float = field(default_factory=time.time)
 
     async def run(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
@@ -384,7 +384,7 @@ class EngineCaller:
         state = StreamState(
             text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial), partial=partial
         )
-        relay = ChunkRelay(self.consumer, job, attempt)
+        relay = ChunkRelay(self.consumer, job, attempt, self.outage)
         try:
             result = await self._with_retries(
                 job, attempt, lambda engine: self._stream_call(engine, job, attempt, state, relay)
