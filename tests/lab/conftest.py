@@ -33,3 +33,16 @@ def converged_site(lab_inventory: Path, facts_dir: Path) -> PlaybookRun:
     tests/lab/test_monitoring.py sorts before test_site.py: whichever asks first converges the site, once.
     """
     return run_playbook(lab_inventory, "site.yml", *SITE_IN_ONE_BATCH, facts=facts_dir)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run test_scaling.py after test_site.py's tests and just before its teardown test.
+
+    Scaling changes the site and puts it back; test_site.py's second run and check mode must judge the site as
+    site.yml left it, and the teardown must come last.
+    """
+    scaling = [item for item in items if item.path.name == "test_scaling.py"]
+    rest = [item for item in items if item.path.name != "test_scaling.py"]
+    teardown = next((n for n, item in enumerate(rest) if item.name == "test_lab_down_leaves_nothing_behind"),
+                    len(rest))
+    items[:] = [*rest[:teardown], *scaling, *rest[teardown:]]

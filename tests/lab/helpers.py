@@ -10,11 +10,18 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
 
 from llmfleet.paths import REPO_ROOT
 from tests.tools import LLMFLEET, venv_tool
+
+T = TypeVar("T")
 
 TEST_LAB_NAME = "llmfleet-labtest"
 # The test lab's site runs prepare its three GPU hosts in one batch, not one at a time (gpu_hosts_serial, default
@@ -24,6 +31,8 @@ SITE_IN_ONE_BATCH = ("-e", "gpu_hosts_serial=100%")
 # Each playbook run's whole output, with every task's duration (profile_tasks),
 # so a slow or failed run can be read after the test, in CI too.
 PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
+# Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring.yml, moved to 10.78.0.0/24).
+PROMETHEUS = "http://10.78.0.30:9090"
 RECAP_LINE = re.compile(
     r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
     r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
@@ -76,8 +85,48 @@ def _keep_log(playbook: str, run: PlaybookRun) -> None:
     (PLAYBOOK_LOGS / f"{test}.{Path(playbook).stem}.log").write_text(run.output)
 
 
+def on_host(host: str, *command: str) -> str:
+    """Run a command in a test lab host (the engines run in each host's own Docker engine); its stdout and stderr."""
+    result = subprocess.run(["docker", "exec", f"{TEST_LAB_NAME}-{host}", *command],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, (host, command, result.stderr)
+    return result.stdout + result.stderr
+
+
+def mint_token(tmp_path: Path, *claims: str) -> str:
+    """A token from `llmfleet token` (10 minutes unless claims say otherwise), signed with the gateway host's key."""
+    secret = tmp_path / "jwt_secret"
+    secret.touch(mode=0o600)
+    secret.write_text(on_host("gw1", "cat", "/etc/llmfleet/gateway/jwt_secret"))
+    minted = subprocess.run([*LLMFLEET, "token", "--sub", "lab-test", "--models", "tiny", "--ttl", "10m", *claims,
+                             "--secret-file", str(secret)], capture_output=True, text=True, check=False)
+    secret.unlink()
+    assert minted.returncode == 0, minted.stderr
+    return minted.stdout.strip()
+
+
 def llmfleet_lab(inventory: Path, action: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*LLMFLEET, "lab", "--inventory", str(inventory / "hosts.yml"), action],
         capture_output=True, text=True, check=False,
     )
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
+    """The condition's first truthy value; Prometheus scrapes every few seconds, so wait on it, never sleep blind."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(1)
+    raise AssertionError(f"{what} not met in {timeout_s:.0f} s; last seen: {last!r}")
+
+
+def prometheus(path: str, **params: str) -> Any:
+    response = httpx.get(f"{PROMETHEUS}/api/v1/{path}", params=params, timeout=10)
+    response.raise_for_status()
+    body = response.json()
+    assert body["status"] == "success", body
+    return body["data"]

@@ -8,23 +8,19 @@ judge the same site. The lab has no GPU: no gpu target (docs/monitoring.md).
 
 from __future__ import annotations
 
-import subprocess
-import time
-from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from tests.lab.helpers import TEST_LAB_NAME, PlaybookRun
-
-T = TypeVar("T")
+from tests.lab.helpers import PlaybookRun, on_host, prometheus, wait_for
 
 MONITORING_ADDRESS = "10.78.0.30"  # mon1 in the test lab (inventories/lab, moved to 10.78.0.0/24)
-PROMETHEUS = f"http://{MONITORING_ADDRESS}:9090"  # inventories/lab/group_vars/monitoring.yml
 ALERTMANAGER = f"http://{MONITORING_ADDRESS}:9093"
+# lab_controller_address in the test lab: the lab's scaler runs on the build machine (tests/lab/test_scaling.py).
+SCALER_ADDRESS = "10.78.0.1"
 HOSTS = {"gw1": "10.78.0.10", "redis1": "10.78.0.20", "mon1": "10.78.0.30",
          "gpu1": "10.78.0.41", "gpu2": "10.78.0.42", "gpu3": "10.78.0.43"}
 # Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway and
@@ -42,36 +38,9 @@ ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "ScaleOutNeeded", "ScaleInPossibl
 LAB_SECRETS = {"redis1": "lab-only-not-a-secret-exporter-3c8d", "mon1": "lab-only-not-a-secret-scaler-token-a61f"}
 
 
-def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
-    """The condition's first truthy value; Prometheus scrapes every few seconds, so wait on it, never sleep blind."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"{what} not met in {timeout_s:.0f} s; last seen: {last!r}")
-
-
-def prometheus(path: str, **params: str) -> Any:
-    response = httpx.get(f"{PROMETHEUS}/api/v1/{path}", params=params, timeout=10)
-    response.raise_for_status()
-    body = response.json()
-    assert body["status"] == "success", body
-    return body["data"]
-
-
 def _query(query: str) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = prometheus("query", query=query)["result"]
     return result
-
-
-def _on_host(host: str, *command: str) -> str:
-    result = subprocess.run(["docker", "exec", f"{TEST_LAB_NAME}-{host}", *command],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0, (command, result.stderr)
-    return result.stdout
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -146,7 +115,7 @@ def test_alertmanager_is_ready_and_routes_scaling_alerts_to_the_scaler() -> None
     config = yaml.safe_load(httpx.get(f"{ALERTMANAGER}/api/v2/status", timeout=10).json()["config"]["original"])
     scaler = next(receiver for receiver in config["receivers"] if receiver["name"] == "scaler")
     webhook = scaler["webhook_configs"][0]
-    assert webhook["url"] == "http://127.0.0.1:9095/alerts"
+    assert webhook["url"] == f"http://{SCALER_ADDRESS}:9095/alerts"  # the lab's scaler, on the build machine
     assert webhook["http_config"]["authorization"]["credentials_file"] == "/etc/prometheus/alertmanager_scaler_token"
     routes = config["route"]["routes"]
     assert [(route["receiver"], route["matchers"]) for route in routes] == [("scaler", ['scale_action=~"out|in"'])]
@@ -155,10 +124,10 @@ def test_alertmanager_is_ready_and_routes_scaling_alerts_to_the_scaler() -> None
 
 
 def test_monitoring_secrets_stay_in_root_or_service_only_files() -> None:
-    assert _on_host("mon1", "stat", "-c", "%a %U", "/etc/prometheus/alertmanager_scaler_token").split() == [
+    assert on_host("mon1", "stat", "-c", "%a %U", "/etc/prometheus/alertmanager_scaler_token").split() == [
         "400", "prometheus"]
-    assert _on_host("redis1", "stat", "-c", "%a %U", "/etc/default/prometheus-redis-exporter").split() == [
+    assert on_host("redis1", "stat", "-c", "%a %U", "/etc/default/prometheus-redis-exporter").split() == [
         "600", "root"]
     for host, secret in LAB_SECRETS.items():
-        assert secret not in _on_host(host, "ps", "auxww"), host
-        assert secret not in _on_host(host, "journalctl", "--no-pager", "-q"), host
+        assert secret not in on_host(host, "ps", "auxww"), host
+        assert secret not in on_host(host, "journalctl", "--no-pager", "-q"), host

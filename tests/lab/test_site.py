@@ -23,9 +23,10 @@ from tests.lab.helpers import (
     PlaybookRun,
     copy_lab_inventory,
     llmfleet_lab,
+    mint_token,
+    on_host,
     run_playbook,
 )
-from tests.tools import LLMFLEET
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
 # The serving hosts and their addresses in the test lab (inventories/lab, moved to 10.78.0.0/24).
@@ -46,23 +47,15 @@ LAB_SERVICE_SECRETS = [
 ]
 
 
-def _on_host(host: str, *command: str) -> str:
-    """Run a command in a lab host (the engines run in each host's own Docker engine)."""
-    result = subprocess.run(["docker", "exec", f"{TEST_LAB_NAME}-{host}", *command],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0, (command, result.stderr)
-    return result.stdout + result.stderr
-
-
 def _engine_identity() -> dict[tuple[str, str], str]:
     """Each engine container's id and start time: a recreated or restarted container changes both."""
-    return {(host, name): _on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
+    return {(host, name): on_host(host, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
                                    f"llmfleet-vllm-{name}").strip() for host, name, _ in ENGINES}
 
 
 def _service_identity() -> dict[str, str]:
     """The gateway's and workers' ids and start times."""
-    return {name: _on_host(GATEWAY_HOST, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
+    return {name: on_host(GATEWAY_HOST, "docker", "inspect", "--format", "{{.Id}} {{.State.StartedAt}}",
                            name).strip() for name in SERVICE_CONTAINERS}
 
 
@@ -109,38 +102,26 @@ def test_engines_deployed_by_the_role_serve_completions(lab_inventory: Path) -> 
 def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
     for host, name, _ in ENGINES:
         token_file = f"/etc/llmfleet/vllm/{name}/hf_token"
-        assert _on_host(host, "stat", "-c", "%a %u", token_file).split() == ["400", "2000"]
-        inspect = _on_host(host, "docker", "inspect", f"llmfleet-vllm-{name}")
+        assert on_host(host, "stat", "-c", "%a %u", token_file).split() == ["400", "2000"]
+        inspect = on_host(host, "docker", "inspect", f"llmfleet-vllm-{name}")
         assert "/run/secrets/hf_token" in inspect
         assert LAB_DUMMY_TOKEN not in inspect
-        assert LAB_DUMMY_TOKEN not in _on_host(host, "docker", "logs", f"llmfleet-vllm-{name}")
-        assert LAB_DUMMY_TOKEN not in _on_host(host, "ps", "auxww")
+        assert LAB_DUMMY_TOKEN not in on_host(host, "docker", "logs", f"llmfleet-vllm-{name}")
+        assert LAB_DUMMY_TOKEN not in on_host(host, "ps", "auxww")
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> None:
     # The inventory asks for the `uni` executor; the role adds VLLM_ENABLE_V1_MULTIPROCESSING=0, without which
     # vLLM-CPU runs the model in a VLLM::Worker process that busy-waits between steps.
     for host, name, _ in ENGINES:
-        inspect = _on_host(host, "docker", "inspect", "--format", "{{json .Config.Env}}", f"llmfleet-vllm-{name}")
+        inspect = on_host(host, "docker", "inspect", "--format", "{{json .Config.Env}}", f"llmfleet-vllm-{name}")
         env = json.loads(inspect)
         assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in env, (host, name)
     for host in ENGINE_HOSTS:
-        titles = _on_host(host, "ps", "-eo", "args=").splitlines()
+        titles = on_host(host, "ps", "-eo", "args=").splitlines()
         engine_cores = sum(title.startswith("VLLM::EngineCore") for title in titles)
         assert engine_cores == sum(engine_host == host for engine_host, _, _ in ENGINES), titles
         assert not [title for title in titles if title.startswith("VLLM::Worker")], titles
-
-
-def _mint_token(tmp_path: Path, *claims: str) -> str:
-    """A token from `llmfleet token` (10 minutes unless claims say otherwise), signed with the gateway host's key."""
-    secret = tmp_path / "jwt_secret"
-    secret.touch(mode=0o600)
-    secret.write_text(_on_host(GATEWAY_HOST, "cat", "/etc/llmfleet/gateway/jwt_secret"))
-    minted = subprocess.run([*LLMFLEET, "token", "--sub", "lab-test", "--models", "tiny", "--ttl", "10m", *claims,
-                             "--secret-file", str(secret)], capture_output=True, text=True, check=False)
-    secret.unlink()
-    assert minted.returncode == 0, minted.stderr
-    return minted.stdout.strip()
 
 
 def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path) -> None:
@@ -149,7 +130,7 @@ def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path
     request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     refused = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=60)
     assert refused.status_code == 401
-    token = _mint_token(tmp_path)
+    token = mint_token(tmp_path)
     response = httpx.post(f"{url}/v1/chat/completions", json=request,
                           headers={"Authorization": f"Bearer {token}"}, timeout=60)
     assert response.status_code == 200, response.text
@@ -159,13 +140,13 @@ def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path
 
 def test_service_secrets_never_show_in_inspect_or_logs(lab_inventory: Path) -> None:
     for container in SERVICE_CONTAINERS:
-        inspect = _on_host(GATEWAY_HOST, "docker", "inspect", container)
-        logs = _on_host(GATEWAY_HOST, "docker", "logs", container)
+        inspect = on_host(GATEWAY_HOST, "docker", "inspect", container)
+        logs = on_host(GATEWAY_HOST, "docker", "logs", container)
         assert "/run/secrets/redis_password" in inspect
         for secret in LAB_SERVICE_SECRETS:
             assert secret not in inspect, container
             assert secret not in logs, container
-    assert _on_host(GATEWAY_HOST, "stat", "-c", "%a %u", "/etc/llmfleet/gateway/jwt_secret").split() == ["400", "2100"]
+    assert on_host(GATEWAY_HOST, "stat", "-c", "%a %u", "/etc/llmfleet/gateway/jwt_secret").split() == ["400", "2100"]
 
 
 def test_second_run_changes_nothing(lab_inventory: Path, facts_dir: Path) -> None:
@@ -201,7 +182,7 @@ def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, fact
     request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32}
     # The lab's `bench` tier: two clients back to back can exceed the default tier's 600 requests a minute,
     # and the restart outlasts a 10-minute token.
-    headers = {"Authorization": f"Bearer {_mint_token(tmp_path, '--tier', 'bench', '--ttl', '1h')}"}
+    headers = {"Authorization": f"Bearer {mint_token(tmp_path, '--tier', 'bench', '--ttl', '1h')}"}
     engines = _engine_identity()
     failures_before = _engine_failures_met_by_workers()
     outcomes: Counter[int | str] = Counter()
@@ -249,12 +230,12 @@ def test_unservable_model_fails_before_any_change_and_engines_keep_serving(
     del config["rope_theta"]  # failure mode #3: a Qwen2 export that lost it
     (broken / "config.json").write_text(json.dumps(config))
     engines = _engine_identity()
-    served = {host: _on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS}
+    served = {host: on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS}
     models = json.dumps({"model_staging_models": [{"name": "tiny", "src": str(broken)}]})
     run = run_playbook(lab_inventory, "engines.yml", "-e", models, facts=facts_dir)
     assert run.returncode != 0
     assert "rope_theta is missing" in run.output
-    assert {host: _on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS} == served
+    assert {host: on_host(host, "readlink", "/srv/llmfleet/models/tiny/current") for host in ENGINE_HOSTS} == served
     assert _engine_identity() == engines
     _assert_engines_serve()
 

@@ -60,6 +60,8 @@ class ScalerSettings(BaseSettings):
     engine_group: str = "gpu_nodes"
     standby_group: str = "gpu_standby"
     gateway_group: str = "gateways"
+    # Prometheus's hosts: every scaling run rewrites their scrape targets (playbooks/monitoring_targets.yml).
+    monitoring_group: str = "monitoring"
     workers: KindLimits = KindLimits(min=1, max=8)
     engines: KindLimits = KindLimits(min=1, max=16)
     playbook_timeout_s: int = Field(default=3600, ge=1)

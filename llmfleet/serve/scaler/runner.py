@@ -78,13 +78,16 @@ def run_spec(action: Action, settings: ScalerSettings) -> RunSpec:
         "scale_action_id": action.id,
         "scale_engine_group": settings.engine_group,
         "llmfleet_gateway_group": settings.gateway_group,
+        "scale_standby_group": settings.standby_group,
+        "llmfleet_monitoring_group": settings.monitoring_group,
     }
+    hosts = f"{settings.gateway_group}:{settings.monitoring_group}"
     if action.kind == "engines":
         extravars["scale_host"] = action.host
         tags = "engines,worker" if action.direction == "out" else "worker"
-        return RunSpec(action.id, playbook, extravars, limit=f"{action.host}:{settings.gateway_group}", tags=tags)
+        return RunSpec(action.id, playbook, extravars, limit=f"{action.host}:{hosts}", tags=tags)
     extravars["scale_worker_counts"] = dict(action.worker_counts)
-    return RunSpec(action.id, playbook, extravars, limit=settings.gateway_group, tags="worker")
+    return RunSpec(action.id, playbook, extravars, limit=hosts, tags="worker")
 
 
 def plugin_source(settings: ScalerSettings) -> Path:

@@ -257,7 +257,7 @@ def test_one_action_at_a_time_then_commit_and_cooldown_across_a_restart(
     if taken["kind"] == "engines":
         assert (spec.playbook, spec.limit, spec.extravars["scale_host"]) == (
             "playbooks/scale_out.yml",
-            "gpu3:gateways",
+            "gpu3:gateways:monitoring",  # every run rewrites Prometheus's targets on the monitoring hosts
             "gpu3",
         )
         assert load(config.state_dir / "state.json").engines_added == ("gpu3",)

@@ -143,7 +143,7 @@ def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
         "scale_worker_counts": {"gw-local": 2},
         # The inventory plugin applied the in-flight count from the state file to the run's inventory.
         "worker_count_from_plugin": 2,
-        "limit": "gateways",
+        "limit": "gateways:monitoring",
         "action": decision["action"]["id"],
     }
     assert load(state_file).worker_counts == {"gw-local": 2}
