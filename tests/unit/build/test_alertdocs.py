@@ -15,7 +15,17 @@ import yaml
 
 from llmfleet import cli
 from llmfleet.build import alertdocs
-from llmfleet.build.alertdocs import ALERTS_BEGIN, ALERTS_END, COMMAND, DEFAULTS, PAGE, RULES, RULES_KEY, RUNBOOK
+from llmfleet.build.alertdocs import (
+    ALERTS_BEGIN,
+    ALERTS_END,
+    COMMAND,
+    DEFAULTS,
+    PAGE,
+    README,
+    RULES,
+    RULES_KEY,
+    RUNBOOK,
+)
 from llmfleet.errors import LlmfleetError
 from llmfleet.paths import REPO_ROOT
 
@@ -39,7 +49,7 @@ def _cells(row: str) -> list[str]:
 
 
 def _copy(tmp_path: Path) -> Path:
-    for relative in (RULES, DEFAULTS, PAGE, RUNBOOK):
+    for relative in (RULES, DEFAULTS, PAGE, README, RUNBOOK):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO_ROOT / relative, tmp_path / relative)
     return tmp_path
@@ -71,7 +81,7 @@ def test_generated_alert_table_is_current() -> None:
 
 def test_the_check_command_passes_on_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["docs", "alerts", "--check"]) == 0
-    assert "is current" in capsys.readouterr().out
+    assert "are current" in capsys.readouterr().out
 
 
 def test_docs_help_lists_alerts_beside_roles(capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,3 +194,23 @@ def test_readable_leaves_no_jinja_and_refuses_what_it_cannot_show() -> None:
     assert shown == "On `<instance>`: `prometheus_alert_x` (0.5) and `other.name`"
     with pytest.raises(LlmfleetError, match="if x"):
         alertdocs.readable("{% if x %}a{% endif %}", defaults, "demo")
+
+
+def test_the_readme_shows_every_alert_with_its_runbook_link() -> None:
+    text = (REPO_ROOT / README).read_text()
+    assert text.count(ALERTS_BEGIN) == 1 and text.count(ALERTS_END) == 1, f"{README}: keep the alert table's markers"
+    rows = text.split(ALERTS_BEGIN, 1)[1].split(ALERTS_END, 1)[0].strip().splitlines()[2:]
+    assert [_cells(row)[0].split()[0].strip("`") for row in rows] == [rule["alert"] for rule in _rules()]
+    assert all(_cells(row)[3] == f"[runbook](docs/runbook.md#{_cells(row)[0].split()[0].strip('`').lower()})"
+               for row in rows), rows
+
+
+def test_a_stale_readme_table_is_found_and_rewritten(tmp_path: Path) -> None:
+    repo = _copy(tmp_path)
+    readme = repo / README
+    readme.write_text(readme.read_text().replace("| `EngineDown` |", "| `EngineGone` |"))
+    with pytest.raises(LlmfleetError, match=r"README\.md"):
+        alertdocs.check(repo)
+    assert alertdocs.write(repo) is True
+    alertdocs.check(repo)
+    assert "| `EngineGone` |" not in readme.read_text()
