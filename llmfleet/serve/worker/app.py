@@ -77,6 +77,19 @@ def redis_clients(settings: WorkerSettings) -> tuple[aioredis.Redis, aioredis.Re
     return commands, blocking
 
 
+def past_queue_timeout(job: Job, entry: Entry, attempt: int, now: int) -> bool:
+    """Whether a request waited past its queue timeout for its first worker.
+
+    The queue timeout bounds the wait for a first delivery only. A request
+    another worker had already taken (reclaimed: that worker died, stalled or
+    handed it back while draining) or started (attempt 2 or later) is run
+    however long the redelivery took: the client's own deadline (job.deadline_ms,
+    which the gateway waits for and the engine call is cut to) governs it, not
+    the time spent being reclaimed.
+    """
+    return not entry.reclaimed and attempt <= 1 and now > job.queue_deadline_ms
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
@@ -394,7 +407,7 @@ class Worker:
         if start.attempt > 1:
             log.info("request %s: attempt %d (%d characters already streamed)", job.id, attempt, len(start.partial))
         self.metrics.queue_wait.labels(entry.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
-        if now_ms() > job.queue_deadline_ms and not start.partial:
+        if past_queue_timeout(job, entry, attempt, now_ms()):
             waited = (now_ms() - job.enqueued_ms) / 1000
             self.metrics.errors.labels("queue_timeout").inc()
             result = Result(
