@@ -290,6 +290,12 @@ async def _answer(
             if result is not None:
                 return JSONResponse(result.body, status_code=result.status, headers=headers)
             # a chunk for a non-streaming request cannot happen; ignore it
+    except asyncio.CancelledError:
+        # The server is stopping and its grace period is over (uvicorn cancels what still runs): nobody will read
+        # this answer, so the workers should not spend engine time on it. The lifespan waits for the cancel.
+        if not keep:
+            _cancel(state, job, "gateway_shutdown")
+        raise
     finally:
         disconnect.cancel()
         state.replies.unregister(job.id)

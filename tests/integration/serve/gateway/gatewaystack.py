@@ -307,6 +307,8 @@ class Stack:
             # A replayed stream's keep-alive comments show within a test's patience (default 10 s).
             "LLMFLEET_GATEWAY_STREAM_KEEPALIVE_S": "0.5",
             "LLMFLEET_GATEWAY_REGISTRY_MAX_AGE_S": "0.2",
+            # A SIGTERM gives waiting requests 3 s, not 30, before they are abandoned (and cancelled).
+            "LLMFLEET_GATEWAY_GRACEFUL_SHUTDOWN_S": "3",
         }
         self.gateway = (
             Service(

@@ -521,6 +521,33 @@ def test_a_client_that_goes_away_cancels_the_engine_request(stack: Stack, stream
     stack.ensure_one_worker()
 
 
+def test_a_stopped_gateway_cancels_the_requests_it_abandons(stack: Stack, stalling_engine: str) -> None:
+    """SIGTERM: past its grace period (3 s here) the gateway gives up on a request still waiting and marks it
+    cancelled, so the worker stops the engine call instead of computing an answer nobody will read."""
+    worker = only_worker(stack, [stalling_engine])
+    before = metric_value(worker.metrics(), "llmfleet_worker_cancelled_total")
+    connection = _open_request(stack, COMPLETIONS, completion(max_tokens=2000, ignore_eos=True))
+    try:
+        with stack.redis.client() as client:
+            request_id = wait_running(stack, client, worker)
+        gateway = stack.gateway
+        assert gateway is not None and gateway.process is not None
+        gateway.signal(signal.SIGTERM)
+        # uvicorn ends by raising again the signal it caught: the exit status of a SIGTERM, not of a crash.
+        assert gateway.process.wait(30) == -signal.SIGTERM, gateway.log()[-3000:]
+        assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in gateway.log()
+        wait_metric(worker, "llmfleet_worker_cancelled_total", before + 1, timeout_s=30)
+    finally:
+        connection.close()
+        stack.start_gateway()
+        stack.wait_gateway_ready()
+    with stack.client() as client:
+        task = client.get(f"/v1/tasks/{request_id}", headers=stack.auth()).json()
+    assert task["status"] == "cancelled" and task["http_status"] == 499, task
+    assert worker.stop() == 0
+    stack.ensure_one_worker()
+
+
 def test_sigterm_drains_in_flight_work_before_exiting(stack: Stack, gated_engine: tuple[str, threading.Event]) -> None:
     url, release = gated_engine
     worker = only_worker(stack, [url])
