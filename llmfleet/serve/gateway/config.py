@@ -70,7 +70,8 @@ class GatewaySettings(BaseSettings):
         default=10.0, gt=0, description="SSE keep-alive comment interval while a stream waits for its answer"
     )
     registry_max_age_s: float = Field(default=1.0, ge=0)
-    docs: bool = Field(default=True, description="serve /docs and /openapi.json")
+    # Off by default: a public endpoint does not publish its schema and a browser UI (issue 17, section 3).
+    docs: bool = Field(default=False, description="serve /docs and /openapi.json")
     graceful_shutdown_s: int = Field(default=30, ge=0)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)

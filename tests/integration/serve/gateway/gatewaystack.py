@@ -309,6 +309,8 @@ class Stack:
             "LLMFLEET_GATEWAY_REGISTRY_MAX_AGE_S": "0.2",
             # A SIGTERM gives waiting requests 3 s, not 30, before they are abandoned (and cancelled).
             "LLMFLEET_GATEWAY_GRACEFUL_SHUTDOWN_S": "3",
+            # The schema for Schemathesis and the route checks (off by default).
+            "LLMFLEET_GATEWAY_DOCS": "true",
         }
         self.gateway = (
             Service(

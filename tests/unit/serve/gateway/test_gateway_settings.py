@@ -28,6 +28,14 @@ def test_defaults_are_usable(make_settings: Make) -> None:
     create_app(settings)  # reads the secret and the tokenizer: nothing missing
 
 
+def test_the_schema_and_docs_are_served_only_when_asked_for(make_settings: Make) -> None:
+    hidden = create_app(make_settings())
+    assert (hidden.openapi_url, hidden.docs_url) == (None, None)
+    assert not {"/openapi.json", "/docs"} & {getattr(route, "path", "") for route in hidden.routes}
+    shown = create_app(make_settings(LLMFLEET_GATEWAY_DOCS="true"))
+    assert {"/openapi.json", "/docs"} <= {getattr(route, "path", "") for route in shown.routes}
+
+
 def test_models_are_required(make_settings: Make) -> None:
     with pytest.raises(ValidationError, match="models"):
         make_settings(LLMFLEET_GATEWAY_MODELS=None)
