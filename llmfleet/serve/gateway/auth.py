@@ -30,6 +30,7 @@ from jwt.exceptions import (
     InvalidAlgorithmError,
     InvalidAudienceError,
     InvalidIssuerError,
+    InvalidKeyError,
     InvalidSignatureError,
     InvalidTokenError,
     MissingRequiredClaimError,
@@ -170,6 +171,10 @@ class Verifier:
             raise unauthorized(f"token lacks the {error.claim!r} claim") from None
         except InvalidTokenError as error:
             raise unauthorized(f"invalid token ({type(error).__name__})") from None
+        except (InvalidKeyError, TypeError, ValueError):
+            # An accepted algorithm of another family than the key the token names (ES256 on an RSA key of a
+            # JWKS that holds both): PyJWT cannot even try the signature. The client's error, not the server's.
+            raise unauthorized("token algorithm does not fit the key it names") from None
         return self._principal(claims), float(claims["exp"])
 
     def _principal(self, claims: dict[str, Any]) -> Principal:

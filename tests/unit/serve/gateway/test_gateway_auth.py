@@ -183,3 +183,29 @@ def test_a_remembered_token_still_expires(verifier: Verifier, key: str, monkeypa
     monkeypatch.setattr(verifier, "_verify", verify_again)
     assert "expired" in refused(verifier, token)
     assert checked == [token]  # not served from the cache
+
+
+def test_a_token_of_another_key_family_is_a_401_not_a_crash(make_settings: Make, tmp_path: Path) -> None:
+    """A JWKS with an RSA and an EC key, both families accepted: an ES256 token naming the RSA key's kid."""
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    jwks = {"keys": [
+        {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.public_key())), "kid": "rsa", "use": "sig"},
+        {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key())), "kid": "ec", "use": "sig"},
+    ]}  # fmt: skip
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(jwks))
+    verifier = Verifier(
+        make_settings(
+            LLMFLEET_GATEWAY_JWT_SECRET_FILE=None,
+            LLMFLEET_GATEWAY_JWT_JWKS_FILE=str(path),
+            LLMFLEET_GATEWAY_JWT_ALGORITHMS='["RS256", "ES256"]',
+        )
+    )
+    rsa_pem, _ = _pem(rsa_key)
+    ec_pem, _ = _pem(ec_key)
+    assert verifier.verify(mint(subject="r", key=rsa_pem, algorithm="RS256", key_id="rsa")).subject == "r"
+    assert verifier.verify(mint(subject="e", key=ec_pem, algorithm="ES256", key_id="ec")).subject == "e"
+    message = refused(verifier, mint(subject="a", key=ec_pem, algorithm="ES256", key_id="rsa"))
+    assert message == "token algorithm does not fit the key it names"
+    assert "does not fit" in refused(verifier, mint(subject="a", key=rsa_pem, algorithm="RS256", key_id="ec"))
