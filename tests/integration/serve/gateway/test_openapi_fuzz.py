@@ -1,7 +1,10 @@
 """Schemathesis against the gateway's own OpenAPI document: no input makes it answer a server error.
 
 Every operation gets generated requests, valid and invalid (bodies, headers,
-path parameters), with a valid token. Completions are sent as tasks
+path parameters), with a valid token; then valid requests with bad tokens (none,
+garbage, another key, expired, `alg: none`, a wrong audience), which must get a
+401 in OpenAI's error shape, with nothing internal in it, on every path but the
+unauthenticated probes. Completions are sent as tasks
 (`Prefer: respond-async`): generating up to thousands of tokens per example
 would take minutes, and the queue path is the same. Each accepted task is
 cancelled at once (DELETE /v1/tasks/{id}), and none of them may end in a
@@ -16,6 +19,8 @@ the strategies are driven with Hypothesis here, one test per operation.)
 
 from __future__ import annotations
 
+import base64
+import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +29,10 @@ import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
+from llmfleet.serve.gateway.auth import mint
 from tests.integration.serve.gateway.gatewaystack import Stack, wait_for
 
 pytestmark = pytest.mark.vllm
@@ -104,6 +111,60 @@ def test_no_input_makes_the_gateway_answer_a_server_error(
             # and on 2 cores that starves everything else (its /health included).
             cancelled = session.delete(f"{stack.url}/v1/tasks/{task_id}", headers=headers, timeout=10)
             assert cancelled.status_code == 200, cancelled.text
+
+    check()
+
+
+UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics"}
+BAD_TOKEN_EXAMPLES = 15
+# What a client-facing body must never carry: stack traces, Redis URLs, worker and engine addresses.
+INTERNALS = ("Traceback", "redis://", "127.0.0.1", "worker-", "File \"")
+
+
+def _bad_tokens(stack: Stack) -> dict[str, str | None]:
+    """Authorization header values a client may send that must not pass, by name; None sends no header."""
+    key = stack.secret_file.read_text().strip()
+    unsigned = ".".join(
+        base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()
+        for part in ({"alg": "none", "typ": "JWT"}, {"sub": "mallory", "iss": "llmfleet", "aud": "llmfleet",
+                                                      "exp": 4102444800, "models": "*"})
+    ) + "."
+    return {
+        "none": None,
+        "not a bearer": f"Basic {key[:12]}",
+        "garbage": "Bearer not.a.jwt",
+        "another key": f"Bearer {mint(subject='mallory', key='x' * 48)}",
+        "expired": f"Bearer {mint(subject='mallory', key=key, ttl_s=-3600)}",
+        "alg none": f"Bearer {unsigned}",
+        "wrong audience": f"Bearer {mint(subject='mallory', key=key, audience='elsewhere')}",
+    }
+
+
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_bad_tokens_get_a_clean_401_and_never_a_server_error(
+    gateway_schema: Any, session: requests.Session, stack: Stack, method: str, path: str
+) -> None:
+    operation = gateway_schema[path][method]
+    tokens = _bad_tokens(stack)
+
+    @given(case=operation.as_strategy(generation_mode=schemathesis.GenerationMode.POSITIVE),
+           name=st.sampled_from(sorted(tokens)))
+    @settings(max_examples=BAD_TOKEN_EXAMPLES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def check(case: Any, name: str) -> None:
+        header = tokens[name]
+        headers = {} if header is None else {"Authorization": header}
+        response = case.call(base_url=stack.url, session=session, headers=headers, timeout=30)
+        case.validate_response(response, checks=[not_a_server_error])
+        if path in UNAUTHENTICATED:
+            assert response.status_code in (200, 503), (name, response.status_code)
+            return
+        assert response.status_code == 401, (name, response.status_code, response.text[:300])
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "authentication_error", error
+        # Schemathesis's response: header names in lower case, each with its list of values.
+        assert response.headers.get("www-authenticate", [""])[0].startswith("Bearer realm="), (name, response.headers)
+        assert not [word for word in INTERNALS if word in response.text], (name, response.text[:300])
 
     check()
 
