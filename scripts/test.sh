@@ -79,7 +79,8 @@ molecule_reap() {
 }
 # --durations: the slowest tests are named at the end of each log.
 integration() { pytest -q --durations=15 tests/integration; }
-lab() { pytest -q --durations=15 tests/lab; }
+# -rP: the scaling test's timings (also in out/test-logs/lab-scaler/timings.txt).
+lab() { pytest -q -rP --durations=15 tests/lab; }
 
 stamp_lines() { while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done; }
 

@@ -134,6 +134,13 @@ def _action_end(action_id: str) -> dict[str, Any] | None:
                  if record["event"] == "action_end" and record.get("action_id") == action_id), None)
 
 
+def _report(text: str) -> None:
+    """Print a timing (scripts/test.sh shows a passed test's output, -rP) and keep it beside the audit log."""
+    print(text)
+    with (SCALER_LOGS / "timings.txt").open("a") as timings:
+        timings.write(text + "\n")
+
+
 def _run_output(end: dict[str, Any]) -> str:
     """The end of a scaler run's Ansible output (ansible-runner's artifacts), for a failure's message."""
     stdout = Path(end["artifacts"] or "/nonexistent") / "stdout"
@@ -261,16 +268,16 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     assert _scraped_engines() == BASE_ENGINES | {STANDBY_ENGINE}
     marks = TIMELINE.marks
     retried = heavy.retried_connections + light.retried_connections
-    print(f"\nscale-out: {sum(outcomes.values())} requests answered, {retried} broken connections retried "
+    _report(f"scale-out: {sum(outcomes.values())} requests answered, {retried} broken connections retried "
           "with their Idempotency-Key")
     def span(start: str, stop: str) -> str:
         return f"{marks[stop] - marks[start]:.1f} s"
 
-    print(f"  load started to the condition true (seen by a scrape): {span('load started', 'condition true')}")
-    print(f"  alerting, condition true to the scaler's decision: {span('condition true', 'scaler took the alert')}"
+    _report(f"  load started to the condition true (seen by a scrape): {span('load started', 'condition true')}")
+    _report(f"  alerting, condition true to the scaler's decision: {span('condition true', 'scaler took the alert')}"
           f" (for: {span('condition true', 'alert fired')}, group wait and webhook"
           f" {span('alert fired', 'scaler took the alert')})")
-    print(f"  Ansible, the decision to the first request served on {STANDBY_HOST}: "
+    _report(f"  Ansible, the decision to the first request served on {STANDBY_HOST}: "
           f"{span('scaler took the alert', 'new engine served')} (scale_out.yml {end['duration_s']:.1f} s)")
 
 
@@ -286,6 +293,6 @@ def test_quiet_removes_the_added_host_drained(scaler: subprocess.Popen[bytes]) -
     # no longer scrapes it, so no EngineDown follows.
     assert on_host(STANDBY_HOST, "docker", "ps", "-aq", "--filter", "label=llmfleet.role=vllm").strip() == ""
     assert _scraped_engines() == BASE_ENGINES
-    print(f"\nscale-in: quiet to scaler {decision['time'] - quiet:.1f} s, playbook {end['duration_s']:.1f} s")
+    _report(f"scale-in: quiet to scaler {decision['time'] - quiet:.1f} s, playbook {end['duration_s']:.1f} s")
     state = json.loads((SCALER_LOGS / "state" / "state.json").read_text())
     assert state["engines_added"] == [] and state["membership"]["engine_hosts"] == [], state
