@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -143,21 +144,26 @@ def _b64(data: dict[str, object]) -> str:
     return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
 
 
-def test_es256_with_a_jwks_file_picks_the_key_by_kid(make_settings: Make, tmp_path: Path) -> None:
-    keys = {kid: ec.generate_private_key(ec.SECP256R1()) for kid in ("one", "two")}
-    jwks = {"keys": []}
-    for kid, private in keys.items():
-        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(private.public_key()))
-        jwks["keys"].append({**jwk, "kid": kid, "alg": "ES256", "use": "sig"})
+def _jwks_verifier(make_settings: Make, tmp_path: Path, keys: list[dict[str, Any]], algorithms: list[str]) -> Verifier:
+    """A verifier that reads these public keys from a JWKS file and accepts these algorithms."""
     path = tmp_path / "jwks.json"
-    path.write_text(json.dumps(jwks))
-    verifier = Verifier(
+    path.write_text(json.dumps({"keys": keys}))
+    return Verifier(
         make_settings(
             LLMFLEET_GATEWAY_JWT_SECRET_FILE=None,
             LLMFLEET_GATEWAY_JWT_JWKS_FILE=str(path),
-            LLMFLEET_GATEWAY_JWT_ALGORITHMS='["ES256"]',
+            LLMFLEET_GATEWAY_JWT_ALGORITHMS=json.dumps(algorithms),
         )
     )
+
+
+def test_es256_with_a_jwks_file_picks_the_key_by_kid(make_settings: Make, tmp_path: Path) -> None:
+    keys = {kid: ec.generate_private_key(ec.SECP256R1()) for kid in ("one", "two")}
+    jwks = [
+        {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(key.public_key())), "kid": kid, "alg": "ES256", "use": "sig"}
+        for kid, key in keys.items()
+    ]
+    verifier = _jwks_verifier(make_settings, tmp_path, jwks, ["ES256"])
     for kid, private in keys.items():
         private_pem, _ = _pem(private)
         assert verifier.verify(mint(subject=kid, key=private_pem, algorithm="ES256", key_id=kid)).subject == kid
@@ -189,19 +195,11 @@ def test_a_token_of_another_key_family_is_a_401_not_a_crash(make_settings: Make,
     """A JWKS with an RSA and an EC key, both families accepted: an ES256 token naming the RSA key's kid."""
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ec_key = ec.generate_private_key(ec.SECP256R1())
-    jwks = {"keys": [
+    jwks = [
         {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.public_key())), "kid": "rsa", "use": "sig"},
         {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key())), "kid": "ec", "use": "sig"},
-    ]}  # fmt: skip
-    path = tmp_path / "jwks.json"
-    path.write_text(json.dumps(jwks))
-    verifier = Verifier(
-        make_settings(
-            LLMFLEET_GATEWAY_JWT_SECRET_FILE=None,
-            LLMFLEET_GATEWAY_JWT_JWKS_FILE=str(path),
-            LLMFLEET_GATEWAY_JWT_ALGORITHMS='["RS256", "ES256"]',
-        )
-    )
+    ]
+    verifier = _jwks_verifier(make_settings, tmp_path, jwks, ["RS256", "ES256"])
     rsa_pem, _ = _pem(rsa_key)
     ec_pem, _ = _pem(ec_key)
     assert verifier.verify(mint(subject="r", key=rsa_pem, algorithm="RS256", key_id="rsa")).subject == "r"
