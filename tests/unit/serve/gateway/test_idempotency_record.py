@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from llmfleet.serve.gateway.idempotency import PATTERN, Record
-from llmfleet.serve.queue.jobs import Job
 from llmfleet.serve.queue.keys import Keys
-
-
-def job(**changes: object) -> Job:
-    base = Job(
-        id="a" * 32, kind="chat", model="tiny", payload={"messages": [{"role": "user", "content": "hi"}]},
-        stream=False, reply="r", subject="alice", tenant="t", lane="default", prompt_tokens=3, max_tokens=8,
-        enqueued_ms=1_000, deadline_ms=61_000, queue_deadline_ms=31_000,
-    )  # fmt: skip
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+from tests.queue_tools import sample_job as job
 
 
 def test_the_same_request_has_the_same_digest_whatever_its_id_time_or_key_order() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -10,15 +9,13 @@ import pytest
 
 from llmfleet.serve.gateway.sse import Sequencer, final_events
 from llmfleet.serve.queue.jobs import Job, Result
+from tests.queue_tools import sample_job
 
 
 def job(**changes: object) -> Job:
-    base = Job(
-        id="a" * 32, kind="chat", model="tiny", payload={"messages": [{"role": "user", "content": "hi"}]},
-        stream=True, reply="r", subject="alice", tenant="t", lane="default", prompt_tokens=3, max_tokens=8,
-        enqueued_ms=1_000_000, deadline_ms=61_000_000, queue_deadline_ms=31_000_000,
-    )  # fmt: skip
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    """A streamed request admitted at 1000 s: its chunks say `created: 1000`."""
+    timing = {"enqueued_ms": 1_000_000, "deadline_ms": 61_000_000, "queue_deadline_ms": 31_000_000}
+    return sample_job(**{"stream": True, **timing, **changes})
 
 
 def events(raw: list[bytes]) -> list[Any]:

@@ -6,23 +6,11 @@ client's own deadline still cuts the engine call (EngineCaller) and the gateway'
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from llmfleet.serve.queue.consumer import Entry
-from llmfleet.serve.queue.jobs import Job
 from llmfleet.serve.worker.app import past_queue_timeout
-
-QUEUE_DEADLINE_MS = 31_000
-
-
-def job() -> Job:
-    return Job(
-        id="a" * 32, kind="completion", model="tiny", payload={"prompt": "hi"}, stream=False, reply="r",
-        subject="alice", tenant="t", lane="default", prompt_tokens=1, max_tokens=4,
-        enqueued_ms=1_000, deadline_ms=61_000, queue_deadline_ms=QUEUE_DEADLINE_MS,
-    )  # fmt: skip
+from tests.queue_tools import QUEUE_DEADLINE_MS, sample_job
 
 
 def entry(*, reclaimed: bool) -> Entry:
@@ -42,9 +30,9 @@ def entry(*, reclaimed: bool) -> Entry:
 def test_the_queue_timeout_counts_only_the_wait_for_a_first_worker(
     reclaimed: bool, attempt: int, now: int, timed_out: bool
 ) -> None:
-    assert past_queue_timeout(job(), entry(reclaimed=reclaimed), attempt, now) is timed_out
+    assert past_queue_timeout(sample_job(), entry(reclaimed=reclaimed), attempt, now) is timed_out
 
 
 def test_the_rule_reads_the_jobs_own_queue_deadline() -> None:
-    later = dataclasses.replace(job(), queue_deadline_ms=QUEUE_DEADLINE_MS + 10_000)
+    later = sample_job(queue_deadline_ms=QUEUE_DEADLINE_MS + 10_000)
     assert past_queue_timeout(later, entry(reclaimed=False), 1, QUEUE_DEADLINE_MS + 1) is False
