@@ -47,6 +47,11 @@ class GatewaySettings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
+    # Set: /metrics and /readyz answer only on this port, which the role publishes
+    # where only the monitoring hosts reach; the API port answers them 404.
+    ops_port: int | None = Field(
+        default=None, ge=1, le=65535, description="port of /metrics and /readyz; unset: the API port serves them"
+    )
     id: str = Field(default_factory=lambda: default_instance_id("gateway"), pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
 
     jwt_secret_file: Path | None = Field(default=None, description="HS* shared secret")
@@ -96,6 +101,11 @@ class GatewaySettings(BaseSettings):
         if self.jwt_secret_file is None and algorithms & HMAC_ALGORITHMS:
             # Public keys must never be usable as HMAC secrets (algorithm confusion).
             raise ValueError("a public key or JWKS verifies RS*/ES*/PS*/EdDSA only; drop the HS algorithms")
+        if self.ops_port == self.port:
+            raise ValueError(
+                f"LLMFLEET_GATEWAY_OPS_PORT {self.ops_port} is the API port: choose another, or unset it to serve"
+                " /metrics and /readyz on the API port"
+            )
         if self.default_tier not in self.tiers:
             raise ValueError(f"LLMFLEET_GATEWAY_DEFAULT_TIER {self.default_tier!r} is not in the tiers")
         for name in self.models:
