@@ -228,17 +228,74 @@ def test_the_inventory_check_passes_a_filled_vault(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-SECRET_OPTION = re.compile(r"(password|secret|token|slack_api_url)$")
+# A name part that marks a secret: password, passwd, secret, token, key(s),
+# credential(s), or a chat webhook URL (it carries its own credential).
+SECRET_OPTION = re.compile(r"(^|_)(password|passwd|secret|token|keys?|credentials?|slack_api_url)(_|$)")
+# Options whose names look secret but hold public values, each with why.
+NOT_SECRET = {
+    # The URL of a repository's public signing key.
+    "cuda_repository_key_url",
+    "nvidia_driver_repository_key_url",
+    "nvidia_container_toolkit_repository_key_url",
+    # sysctl names, not values.
+    "kernel_tuning_container_applied_keys",
+}
+
+
+def _secret_options(options: dict[str, Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every option and suboption (at any depth) whose name looks secret, with its spec."""
+    for name, option in (options or {}).items():
+        if SECRET_OPTION.search(name) and name not in NOT_SECRET:
+            yield f"{where}{name}", option
+        yield from _secret_options(option.get("options") or {}, f"{where}{name}.")
 
 
 @pytest.mark.parametrize(
     "specs", sorted((REPO_ROOT / "roles").glob("*/meta/argument_specs.yml")), ids=lambda p: p.parts[-3]
 )
 def test_every_secret_option_is_no_log(specs: Path) -> None:
-    # Ansible then masks the value wherever it would print the role's arguments.
-    options = yaml.safe_load(specs.read_text())["argument_specs"]["main"].get("options") or {}
-    unmasked = [name for name, option in options.items() if SECRET_OPTION.search(name) and not option.get("no_log")]
+    # Ansible then masks the value wherever it would print the role's
+    # arguments. Every entry point, every suboption.
+    entries = yaml.safe_load(specs.read_text())["argument_specs"]
+    unmasked = [
+        name
+        for entry, spec in entries.items()
+        for name, option in _secret_options(spec.get("options") or {}, f"{entry}: ")
+        if option.get("no_log") is not True
+    ]
     assert not unmasked, f"{specs.parts[-3]}: secret options without no_log: true: {unmasked}"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("scaler_ssh_private_key", True),
+        ("vllm_hf_token", True),
+        ("redis_worker_password", True),
+        ("gateway_jwt_secret", True),
+        ("vllm_api_keys", True),
+        ("alertmanager_slack_api_url", True),
+        ("vllm_tokenizer", False),
+        ("gateway_keyring_dir", False),
+        ("cuda_repository_key_url", False),
+    ],
+)
+def test_the_secret_name_rule(name: str, secret: bool) -> None:
+    # The rule above, on names it must and must not flag: a rule that flags
+    # nothing would pass every role.
+    found = [found for found, _ in _secret_options({name: {}}, "")]
+    assert found == ([name] if secret else []), found
+
+
+def test_the_not_secret_list_names_real_options() -> None:
+    # A stale entry would silently exempt a future secret of the same name.
+    names = {
+        name
+        for specs in (REPO_ROOT / "roles").glob("*/meta/argument_specs.yml")
+        for spec in yaml.safe_load(specs.read_text())["argument_specs"].values()
+        for name in spec.get("options") or {}
+    }
+    assert not NOT_SECRET - names, sorted(NOT_SECRET - names)
 
 
 STACKS = yaml.safe_load((REPO_ROOT / "playbooks" / "vars" / "stacks.yml").read_text())["gpu_stacks"]
