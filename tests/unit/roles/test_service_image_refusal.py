@@ -1,0 +1,60 @@
+"""The worker role refuses a service image that is not one, naming the command that builds it.
+
+A site that copies production.example and forgets the image, or leaves a
+CHANGE-ME in it, must stop in the role's preflight with
+`llmfleet image build service` in the message, not later in `docker load`
+with a registry error. The preflight's first task runs for real here,
+through ansible-playbook on localhost (it only reads variables: nothing
+is changed on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmfleet.paths import REPO_ROOT
+from tests.tools import venv_tool
+
+TASK = "worker : preflight | Check that the service image is named"
+COMMAND = "llmfleet image build service"
+
+
+def _image_check(tmp_path: Path, image: str) -> str:
+    """The output of the image check's task, from its header to the next task's."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- name: Preflight\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Run the worker role's preflight\n"
+        "      ansible.builtin.include_role: {name: worker, tasks_from: preflight}\n"
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+           "ANSIBLE_CACHE_PLUGIN": "memory"}
+    result = subprocess.run(
+        [venv_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
+         "-e", json.dumps({"worker_image": image, "ansible_python_interpreter": str(Path(venv_tool("python")))})],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    match = re.search(rf"TASK \[{re.escape(TASK)}\].*?(?=\nTASK \[|\nPLAY RECAP)", output, re.DOTALL)
+    assert match, f"the image check did not run:\n{output[-3000:]}"
+    return match.group(0)
+
+
+@pytest.mark.parametrize("image", ["llmfleet/service:CHANGE-ME", "registry.example/llmfleet/service:change_me", ""])
+def test_a_placeholder_or_empty_image_is_refused_naming_the_command(tmp_path: Path, image: str) -> None:
+    task = _image_check(tmp_path, image)
+    assert "fatal: [localhost]" in task, task
+    assert COMMAND in task, task
+
+
+def test_a_real_reference_passes_the_check(tmp_path: Path) -> None:
+    # The control: the same task on a built image's reference passes.
+    task = _image_check(tmp_path, "llmfleet/service:0.1.0-3f9c2a1")
+    assert "ok: [localhost]" in task and "fatal" not in task, task
