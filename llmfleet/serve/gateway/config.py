@@ -1,14 +1,16 @@
 """Gateway settings: LLMFLEET_GATEWAY_* (plus LLMFLEET_REDIS_* and LLMFLEET_QUEUE_*).
 
 Complex values (models, tiers, lists) are JSON, as pydantic-settings reads
-them. The JWT key is one file: a shared secret (HS*), a PEM public key
-(RS*/ES*/PS*/EdDSA) or a JWKS document. Placeholders and secrets given as
-environment values are refused before the server binds its port.
+them. The JWT key comes from one source: a shared secret (HS*), a PEM public
+key (RS*/ES*/PS*/EdDSA), or a JWKS document in a file or at a URL; during a
+rotation, more secret or public key files verify too. Placeholders and secrets
+given as environment values are refused before the server binds its port.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +24,21 @@ ASYMMETRIC_ALGORITHMS = frozenset(
 # The shortest HMAC secret accepted: 256 bits as 64 hex characters would be
 # ideal; 32 characters keeps brute force out of reach.
 MIN_HMAC_SECRET_LENGTH = 32
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def check_jwks_url(url: str) -> None:
+    """A JWKS URL must be https: over http anyone on the path could hand the gateway their own keys.
+
+    Plain http is allowed to loopback only (a local key service, the tests).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ValueError(f"LLMFLEET_GATEWAY_JWT_JWKS_URL {url[:200]!r} is not an http(s) URL")
+    if parts.scheme == "http" and parts.hostname not in LOOPBACK_HOSTS:
+        raise ValueError(
+            f"LLMFLEET_GATEWAY_JWT_JWKS_URL {url[:200]!r}: use https (plain http is allowed to loopback only)"
+        )
 
 
 class TierLimits(BaseModel):
@@ -57,6 +74,23 @@ class GatewaySettings(BaseSettings):
     jwt_secret_file: Path | None = Field(default=None, description="HS* shared secret")
     jwt_public_key_file: Path | None = Field(default=None, description="PEM public key for RS*/ES*/PS*/EdDSA")
     jwt_jwks_file: Path | None = Field(default=None, description="JWKS document (keys picked by kid)")
+    jwt_jwks_url: str | None = Field(
+        default=None, description="an identity provider's JWKS (https; http only to loopback), keys picked by kid"
+    )
+    # Rotation: the main key file signs (`llmfleet token --secret-file` is given it) and verifies; these only
+    # verify. Same kind as the main file: shared secrets beside JWT_SECRET_FILE, PEM public keys beside
+    # JWT_PUBLIC_KEY_FILE. A JWKS holds several keys itself.
+    jwt_extra_key_files: tuple[Path, ...] = Field(
+        default=(), description="more keys that verify tokens but do not sign them (key rotation)"
+    )
+    jwt_jwks_max_age_s: float = Field(default=900.0, gt=0, description="keys from the JWKS URL are fetched again after")
+    jwt_jwks_min_refresh_s: float = Field(
+        default=30.0, ge=0, description="fewest seconds between two fetches (an unknown kid asks for one)"
+    )
+    jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    # Revocation by jti: `llmfleet token revoke` writes <prefix>:revoked:<jti>; the gateway refuses those
+    # tokens, and every token without a jti (it could not be revoked).
+    jwt_revocation: bool = Field(default=False, description="check every request's jti against Redis")
     jwt_algorithms: tuple[str, ...] = Field(default=("HS256",), min_length=1)
     jwt_issuer: str = "llmfleet"
     jwt_audience: str = "llmfleet"
@@ -83,12 +117,19 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
-        key_files = [f for f in (self.jwt_secret_file, self.jwt_public_key_file, self.jwt_jwks_file) if f is not None]
-        if len(key_files) != 1:
+        sources = (self.jwt_secret_file, self.jwt_public_key_file, self.jwt_jwks_file, self.jwt_jwks_url)
+        if sum(source is not None for source in sources) != 1:
             raise ValueError(
-                "set exactly one of LLMFLEET_GATEWAY_JWT_SECRET_FILE (HS256), LLMFLEET_GATEWAY_JWT_PUBLIC_KEY_FILE"
-                " or LLMFLEET_GATEWAY_JWT_JWKS_FILE (RS256/ES256)"
+                "set exactly one of LLMFLEET_GATEWAY_JWT_SECRET_FILE (HS*), LLMFLEET_GATEWAY_JWT_PUBLIC_KEY_FILE,"
+                " LLMFLEET_GATEWAY_JWT_JWKS_FILE or LLMFLEET_GATEWAY_JWT_JWKS_URL (RS*/ES*/PS*/EdDSA)"
             )
+        if self.jwt_extra_key_files and self.jwt_secret_file is None and self.jwt_public_key_file is None:
+            raise ValueError(
+                "LLMFLEET_GATEWAY_JWT_EXTRA_KEY_FILES goes with JWT_SECRET_FILE or JWT_PUBLIC_KEY_FILE; a JWKS"
+                " rotates by holding both keys"
+            )
+        if self.jwt_jwks_url is not None:
+            check_jwks_url(self.jwt_jwks_url)
         algorithms = set(self.jwt_algorithms)
         unknown = algorithms - HMAC_ALGORITHMS - ASYMMETRIC_ALGORITHMS
         if unknown:
