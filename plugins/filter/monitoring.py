@@ -104,8 +104,13 @@ def scrape_targets(
     for host in _hosts(groups, group_names["gateways"], required=True):
         variables = variables_of(host)
         gateway, worker = role_defaults.get("gateway", {}), role_defaults.get("worker", {})
-        address = str(variables.get("gateway_publish_address") or _address(variables, host))
-        first = _setting(variables, gateway, "gateway_port")
+        # The ops listener (/metrics), never the API port (roles/gateway).
+        address = str(
+            variables.get("gateway_ops_publish_address")
+            or variables.get("gateway_publish_address")
+            or _address(variables, host)
+        )
+        first = _setting(variables, gateway, "gateway_ops_port")
         for index in range(_setting(variables, gateway, "gateway_count")):
             add("gateway", _endpoint(address, first + index))
         address = str(variables.get("worker_publish_address") or _address(variables, host))

@@ -23,11 +23,12 @@ ALERTMANAGER = f"http://{MONITORING_ADDRESS}:9093"
 SCALER_ADDRESS = "10.78.0.1"
 HOSTS = {"gw1": "10.78.0.10", "redis1": "10.78.0.20", "mon1": "10.78.0.30",
          "gpu1": "10.78.0.41", "gpu2": "10.78.0.42", "gpu3": "10.78.0.43"}
-# Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway and
-# its two workers (worker_metrics_port 9400 + N - 1), the Redis exporter, a node exporter on every host.
+# Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway's ops
+# listener (gateway_ops_port 9300, not the API port) and its two workers (worker_metrics_port 9400 + N - 1), the
+# Redis exporter, a node exporter on every host.
 EXPECTED_TARGETS = {
     ("vllm", "10.78.0.41:8000"), ("vllm", "10.78.0.41:8001"), ("vllm", "10.78.0.42:8000"),
-    ("gateway", "10.78.0.10:8080"),
+    ("gateway", "10.78.0.10:9300"),
     ("worker", "10.78.0.10:9400"), ("worker", "10.78.0.10:9401"),
     ("redis", "10.78.0.20:9121"),
     *{("node", f"{address}:9100") for address in HOSTS.values()},

@@ -126,7 +126,10 @@ def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> No
 
 def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path) -> None:
     url = f"http://{GATEWAY_ADDRESS}:8080"
-    assert httpx.get(f"{url}/readyz", timeout=10).json()["ready"] is True
+    assert httpx.get(f"http://{GATEWAY_ADDRESS}:9300/readyz", timeout=10).json()["ready"] is True
+    # The ops routes are on the ops listener only (gateway_ops_port), not on the API port.
+    assert httpx.get(f"{url}/metrics", timeout=10).status_code == 404
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 404
     request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     refused = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=60)
     assert refused.status_code == 401

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmfleet import __version__
 from llmfleet.serve.gateway.auth import Verifier
 from llmfleet.serve.gateway.config import GatewaySettings
-from llmfleet.serve.gateway.deps import AppState
+from llmfleet.serve.gateway.deps import AppState, only_on_listener
 from llmfleet.serve.gateway.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from llmfleet.serve.gateway.metrics import GatewayMetrics
 from llmfleet.serve.gateway.middleware import BodyLimit, Metrics, RequestId
@@ -37,7 +37,7 @@ Redis queue drained by workers. Send `Authorization: Bearer <JWT>`. Add `Prefer:
 to queue a request as a task and read it from `/v1/tasks/{id}`."""
 
 
-ROUTERS = (chat.router, completions.router, models.router, tasks.router, health.router)
+API_ROUTERS = (chat.router, completions.router, models.router, tasks.router)
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -92,8 +92,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    for router in ROUTERS:
-        app.include_router(router)
+    app.include_router(health.router)
+    if settings.ops_port is None:
+        for router in (*API_ROUTERS, health.ops_router):
+            app.include_router(router)
+    else:
+        for router in API_ROUTERS:
+            app.include_router(router, dependencies=only_on_listener(settings.ops_port, ops=False))
+        # Not in the public schema: the API port does not serve them.
+        app.include_router(
+            health.ops_router, dependencies=only_on_listener(settings.ops_port, ops=True), include_in_schema=False
+        )
     # Added last = outermost: Metrics sees the 413s BodyLimit answers; RequestId tags every answer
     # and turns any exception that got this far into an OpenAI-shaped 500.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -31,7 +31,7 @@ def _serve(loaded: tuple[GatewaySettings, FastAPI]) -> int:
     from llmfleet.serve.queue.config import log_level
 
     settings, app = loaded
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -43,7 +43,15 @@ def _serve(loaded: tuple[GatewaySettings, FastAPI]) -> int:
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
         server_header=False,
     )
-    return 0
+    # One server on both listeners: one lifespan, one graceful shutdown; the
+    # routes tell the listeners apart by the local port (deps.only_on_listener).
+    sockets = [config.bind_socket()]
+    if settings.ops_port is not None:
+        # log_config None: the first Config has set up logging already.
+        sockets.append(uvicorn.Config(app, host=settings.host, port=settings.ops_port, log_config=None).bind_socket())
+    server = uvicorn.Server(config)
+    server.run(sockets=sockets)
+    return 0 if server.started else 3  # 3: uvicorn's own code for a start-up failure
 
 
 def serve() -> int:

@@ -9,7 +9,9 @@ from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
+from fastapi.params import Depends as DependsParam
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmfleet.serve.gateway.auth import Principal, Verifier, bearer_token
 from llmfleet.serve.gateway.config import GatewaySettings
@@ -69,3 +71,20 @@ async def authenticate(
 
 
 PrincipalDep = Annotated[Principal, Depends(authenticate)]
+
+
+def only_on_listener(ops_port: int, *, ops: bool) -> list[DependsParam]:
+    """Route dependencies that keep a router to one listener: the ops port (ops=True) or the API port.
+
+    The listener is the local port the connection came in on (the ASGI scope's
+    `server`). On the other listener the route answers 404, as for any path
+    that does not exist, before authentication: the API port does not reveal
+    the ops routes, and the ops port does not ask for tokens.
+    """
+
+    async def check(request: Request) -> None:
+        server = request.scope.get("server")
+        if (server is not None and server[1] == ops_port) != ops:
+            raise StarletteHTTPException(404)
+
+    return [Depends(check)]

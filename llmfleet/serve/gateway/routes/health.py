@@ -1,4 +1,9 @@
-"""/healthz (liveness), /readyz (Redis reachable and a healthy engine), /metrics. No auth; no per-user data."""
+"""/healthz (liveness), and the ops routes /readyz (Redis reachable and a healthy engine) and /metrics.
+
+No auth and no per-user data. `router` (liveness) is on every listener, so a
+load balancer can probe the API port; `ops_router` is on the ops port when
+LLMFLEET_GATEWAY_OPS_PORT is set (app.create_app).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from redis.exceptions import RedisError
 from llmfleet.serve.gateway.deps import StateDep
 
 router = APIRouter(tags=["operations"])
+ops_router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", summary="Liveness: the process answers")
@@ -17,7 +23,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get(
+@ops_router.get(
     "/readyz",
     summary="Readiness: Redis answers and a live worker sees a healthy engine",
     responses={503: {"description": "not ready; the body says why"}},
@@ -41,7 +47,7 @@ async def readyz(state: StateDep) -> JSONResponse:
     return JSONResponse(body, 200 if ready else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@ops_router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
     state.metrics.waiting.set(len(state.replies.waiters))
     state.metrics.redis_up.set(1 if state.replies.connected.is_set() else 0)

@@ -149,6 +149,8 @@ class Service:
     env: dict[str, str]
     log_path: Path
     health_url: str
+    # Where /metrics and /readyz are: the gateway's ops listener; a worker serves them beside /healthz.
+    ops_url: str | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Service:
@@ -203,7 +205,7 @@ class Service:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def metrics(self) -> str:
-        base = self.health_url.rsplit("/", 1)[0]
+        base = self.ops_url or self.health_url.rsplit("/", 1)[0]
         return httpx.get(f"{base}/metrics", timeout=5, trust_env=False).text
 
 
@@ -279,6 +281,11 @@ class Stack:
         assert self.gateway is not None
         return self.gateway.health_url.rsplit("/", 1)[0]
 
+    @property
+    def ops_url(self) -> str:
+        assert self.gateway is not None and self.gateway.ops_url is not None
+        return self.gateway.ops_url
+
     def client(self, timeout_s: float = 60.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout_s, trust_env=False)
 
@@ -289,11 +296,15 @@ class Stack:
         return {"Authorization": f"Bearer {self.token(subject, **claims)}"}
 
     def start_gateway(self) -> Service:
-        port = free_loopback_port()
+        port, ops_port = free_loopback_port(), free_loopback_port()
+        while ops_port == port:
+            ops_port = free_loopback_port()
         env = {
             **self.base_env,
             "LLMFLEET_REDIS_USERNAME": "gateway",
             "LLMFLEET_GATEWAY_PORT": str(port),
+            # As the role runs it: /metrics and /readyz on their own listener.
+            "LLMFLEET_GATEWAY_OPS_PORT": str(ops_port),
             "LLMFLEET_GATEWAY_ID": GATEWAY_ID,
             "LLMFLEET_GATEWAY_MODELS": json.dumps({"tiny": str(self.vllm.model_dir)}),
             "LLMFLEET_GATEWAY_JWT_SECRET_FILE": str(self.secret_file),
@@ -314,7 +325,12 @@ class Stack:
         }
         self.gateway = (
             Service(
-                "gateway", "llmfleet.serve.gateway", env, self.tmp / "gateway.log", f"http://127.0.0.1:{port}/healthz"
+                "gateway",
+                "llmfleet.serve.gateway",
+                env,
+                self.tmp / "gateway.log",
+                f"http://127.0.0.1:{port}/healthz",
+                ops_url=f"http://127.0.0.1:{ops_port}",
             )
             .start()
             .wait_ready()
@@ -351,7 +367,7 @@ class Stack:
         return [worker for worker in self.workers if worker.alive()]
 
     def wait_gateway_ready(self) -> None:
-        wait_for(lambda: http_status(f"{self.url}/readyz") == 200, STARTUP_S, "the gateway's /readyz")
+        wait_for(lambda: http_status(f"{self.ops_url}/readyz") == 200, STARTUP_S, "the gateway's /readyz")
 
     def ensure_one_worker(self) -> Service:
         """Leave exactly one plain worker running (tests that replace workers call this at the end)."""

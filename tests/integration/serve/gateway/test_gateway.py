@@ -297,12 +297,19 @@ def test_models_probes_metrics_and_openapi(stack: Stack) -> None:
         assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [("tiny", 2048)]
         assert client.get("/v1/models", headers=stack.auth(models=["other"])).json()["data"] == []
         assert client.get("/healthz").status_code == 200
-        ready = client.get("/readyz")
-        assert ready.status_code == 200 and ready.json()["healthy_engines"] >= 1
-        metrics = client.get("/metrics").text
-        assert 'llmfleet_gateway_requests_total{method="GET",route="/v1/models",status="200"}' in metrics
+        # The API port does not serve the ops routes (nor list them); the ops listener does.
+        assert client.get("/readyz").status_code == 404
+        assert client.get("/metrics").status_code == 404
         spec = client.get("/openapi.json").json()
         assert {CHAT, COMPLETIONS, "/v1/models", "/v1/tasks/{task_id}"} <= set(spec["paths"])
+        assert not {"/readyz", "/metrics"} & set(spec["paths"])
+    with httpx.Client(base_url=stack.ops_url, timeout=10, trust_env=False) as ops:
+        assert ops.get("/healthz").status_code == 200
+        ready = ops.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["healthy_engines"] >= 1
+        metrics = ops.get("/metrics").text
+        assert 'llmfleet_gateway_requests_total{method="GET",route="/v1/models",status="200"}' in metrics
+        assert ops.get("/v1/models", headers=stack.auth()).status_code == 404
     worker_metrics = stack.live_workers()[0].metrics()
     assert 'llmfleet_queue_depth{lane="normal"}' in worker_metrics
     assert metric_value(worker_metrics, "llmfleet_engine_up", engine=stack.vllm.url) == 1
@@ -593,7 +600,7 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(
         assert not [i for i in ids if client.exists(f"{PREFIX}:result:{i}")], "answered through a closed gate?"
     stack.redis.kill()
     # While Redis is down nothing is accepted: a clear 503 with Retry-After, not a hang or a 500.
-    wait_for(lambda: http_status(f"{stack.url}/readyz") == 503, 10, "the gateway to see Redis gone")
+    wait_for(lambda: http_status(f"{stack.ops_url}/readyz") == 503, 10, "the gateway to see Redis gone")
     with stack.client() as client:
         refused = client.post(COMPLETIONS, json=completion(), headers=headers)
     assert refused.status_code == 503 and refused.headers["retry-after"], refused.text
@@ -616,7 +623,7 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(
     response = waiting.result()
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == LONG_TOKENS
-    assert http_status(f"{stack.url}/readyz") == 200
+    assert http_status(f"{stack.ops_url}/readyz") == 200
     assert worker.stop() == 0
     stack.ensure_one_worker()
 

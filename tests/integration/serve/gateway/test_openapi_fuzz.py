@@ -44,8 +44,6 @@ OPERATIONS = [
     ("GET", "/v1/tasks/{task_id}"),
     ("DELETE", "/v1/tasks/{task_id}"),
     ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
 ]
 ACCEPTED: list[str] = []
 # Schema-valid examples the gateway refused, by status and error code (reported if too few are accepted).
@@ -114,7 +112,7 @@ def test_no_input_makes_the_gateway_answer_a_server_error(
     check()
 
 
-UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics"}
+UNAUTHENTICATED = {"/healthz"}
 # Valid requests per operation, each sent with every bad token.
 BAD_TOKEN_EXAMPLES = 3
 # What a client-facing body must never carry: stack traces, Redis URLs, worker and engine addresses.

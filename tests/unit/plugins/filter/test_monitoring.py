@@ -48,7 +48,7 @@ def test_every_job_gets_its_targets_from_the_inventory() -> None:
     assert targets == {
         # Where the workers call each engine: gpu2 publishes its engines on another address.
         "vllm": ["10.0.0.41:8000", "10.0.0.41:8001", "10.1.0.42:8000"],
-        "gateway": ["10.0.0.10:8080", "10.0.0.10:8081"],
+        "gateway": ["10.0.0.10:9300", "10.0.0.10:9301"],
         "worker": ["10.0.0.10:9400", "10.0.0.10:9401", "10.0.0.10:9402"],
         "redis": ["10.0.0.20:9121"],
         "node": ["10.0.0.10:9100", "10.0.0.20:9100", "10.0.0.30:9100", "10.0.0.41:9100", "10.0.0.42:9100",
@@ -60,7 +60,7 @@ def test_every_job_gets_its_targets_from_the_inventory() -> None:
 
 def test_a_host_setting_wins_over_the_role_default() -> None:
     groups, hostvars = _site()
-    hostvars["gw1"] |= {"gateway_port": 18080, "worker_metrics_port": 19000, "worker_count": 1}
+    hostvars["gw1"] |= {"gateway_ops_port": 18080, "worker_metrics_port": 19000, "worker_count": 1}
     hostvars["redis1"]["redis_exporter_port"] = 19121
     hostvars["mon1"]["node_exporter_port"] = 19100
     targets = monitoring.scrape_targets(groups, hostvars, GROUP_NAMES, ROLE_DEFAULTS)
@@ -68,6 +68,16 @@ def test_a_host_setting_wins_over_the_role_default() -> None:
     assert targets["worker"] == ["10.0.0.10:19000"]
     assert targets["redis"] == ["10.0.0.20:19121"]
     assert "10.0.0.30:19100" in targets["node"]
+
+
+def test_gateways_are_scraped_on_their_ops_address_not_the_api_one() -> None:
+    groups, hostvars = _site()
+    hostvars["gw1"]["gateway_publish_address"] = "203.0.113.10"
+    assert monitoring.scrape_targets(groups, hostvars, GROUP_NAMES, ROLE_DEFAULTS)["gateway"] == [
+        "203.0.113.10:9300", "203.0.113.10:9301"]
+    hostvars["gw1"]["gateway_ops_publish_address"] = "10.9.0.10"
+    assert monitoring.scrape_targets(groups, hostvars, GROUP_NAMES, ROLE_DEFAULTS)["gateway"] == [
+        "10.9.0.10:9300", "10.9.0.10:9301"]
 
 
 def test_hosts_with_the_gpu_exporter_off_get_no_gpu_target() -> None:
@@ -96,7 +106,7 @@ def test_an_ipv6_address_is_bracketed() -> None:
     ("change", "message"),
     [
         (lambda g, h: g.pop("gateways"), "group 'gateways' is not in the inventory"),
-        (lambda g, h: h["gw1"].update(gateway_port="eighty"), "gateway_port must be a whole number"),
+        (lambda g, h: h["gw1"].update(gateway_ops_port="eighty"), "gateway_ops_port must be a whole number"),
         (lambda g, h: h["gpu1"].update(vllm_engines=[{"name": "x"}]), "gpu1: every entry of vllm_engines needs a port"),
         (lambda g, h: g["redis"].append("ghost"), "host 'ghost' is not in the inventory"),
     ],

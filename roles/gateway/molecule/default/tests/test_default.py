@@ -136,10 +136,14 @@ def test_workers_register_in_redis_and_report_the_engine_unhealthy(host) -> None
 
 def test_gateway_sees_the_workers_and_is_not_ready(address: str) -> None:
     assert httpx.get(f"http://{address}:8080/healthz", timeout=5).status_code == 200
-    ready = httpx.get(f"http://{address}:8080/readyz", timeout=5)
+    # /readyz and /metrics are on the ops listener (gateway_ops_port), never on the API port.
+    ready = httpx.get(f"http://{address}:9300/readyz", timeout=5)
     assert ready.status_code == 503
     body = ready.json()
     assert body["redis"] is True and body["workers"] == 2 and body["healthy_engines"] == 0, body
+    assert "llmfleet_gateway_redis_up 1.0" in httpx.get(f"http://{address}:9300/metrics", timeout=5).text
+    for path in ("/readyz", "/metrics"):
+        assert httpx.get(f"http://{address}:8080{path}", timeout=5).status_code == 404, path
 
 
 def test_gateway_verifies_tokens_with_the_delivered_key(address: str) -> None:
