@@ -64,7 +64,8 @@ async def authenticate(
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     try:
-        return state.verifier.verify(bearer_token(request.headers.get("authorization")))
+        # Async: keys from a JWKS URL may need a fetch, and with revocation on, Redis is asked (one EXISTS).
+        return await state.verifier.authenticate(bearer_token(request.headers.get("authorization")), state.redis)
     except APIError:
         state.metrics.rejected.labels("auth").inc()
         raise
