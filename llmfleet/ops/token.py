@@ -7,19 +7,37 @@ HS256 signs with the shared secret the gateway verifies with; with
 --algorithm RS256/ES256, --secret-file is the PEM private key whose public
 half the gateway holds. The token goes to stdout and nothing else does: the
 key never appears on a command line or in a log.
+
+    llmfleet token revoke --token-file alice.jwt      (or - for stdin)
+    llmfleet token revoke --jti 3f2a... --ttl 12h
+
+writes `<prefix>:revoked:<jti>` to Redis, kept as long as the token could
+still be accepted; a gateway with LLMFLEET_GATEWAY_JWT_REVOCATION=true then
+answers it 401 token_revoked. Redis comes from LLMFLEET_REDIS_URL,
+LLMFLEET_REDIS_USERNAME (the redis role's redis_revoker_user, which may write
+those keys and nothing else) and LLMFLEET_REDIS_PASSWORD_FILE, the prefix from
+LLMFLEET_QUEUE_PREFIX.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmfleet.errors import LlmfleetError
 
+if TYPE_CHECKING:  # imported when revoking, not for every `llmfleet` command
+    from llmfleet.serve.queue.config import QueueSettings, RedisSettings
+
 TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_TTL_S = 366 * 86400
+# A revocation outlives the token's exp by the largest leeway a gateway may allow (LLMFLEET_GATEWAY_JWT_LEEWAY_S).
+REVOCATION_MARGIN_S = 600
 ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "EdDSA")
 
 
@@ -49,7 +67,82 @@ def parse_priority(text: str | None) -> str | int | None:
     return int(text) if text.isdigit() else text
 
 
+def to_revoke(args: argparse.Namespace, now: float) -> tuple[str, int]:
+    """(jti, seconds the revocation must last) from --token-file, or from --jti and --ttl."""
+    import jwt
+
+    if args.token_file is not None:
+        if args.jti is not None or args.ttl is not None:
+            raise LlmfleetError("give --token-file, or --jti with --ttl, not both")
+        text = sys.stdin.read() if args.token_file == "-" else _read_token(Path(args.token_file))  # noqa: S105 (- is stdin)
+        try:
+            # Not verified: revoking only ever refuses a token, and the gateway checks the signature anyway.
+            claims = jwt.decode(text.strip(), options={"verify_signature": False})
+        except jwt.InvalidTokenError as error:
+            raise LlmfleetError(f"--token-file: not a JWT ({type(error).__name__})") from None
+        token_id, expires = claims.get("jti"), claims.get("exp")
+        if not isinstance(token_id, str) or not token_id:
+            raise LlmfleetError("--token-file: the token has no jti claim, so it cannot be revoked (only expire)")
+        if not isinstance(expires, int | float):
+            raise LlmfleetError("--token-file: the token has no exp claim")
+        return token_id, int(expires - now) + REVOCATION_MARGIN_S
+    if args.jti is None or args.ttl is None:
+        raise LlmfleetError("give --token-file FILE, or --jti ID with --ttl (the token's remaining lifetime)")
+    return args.jti, parse_ttl(args.ttl) + REVOCATION_MARGIN_S
+
+
+def _read_token(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as error:
+        raise LlmfleetError(f"--token-file: cannot read {path}: {error.strerror or type(error).__name__}") from None
+
+
+async def _write_revocation(settings: tuple[RedisSettings, QueueSettings], token_id: str, ttl_s: int) -> int:
+    from redis.exceptions import RedisError
+
+    from llmfleet.serve.gateway.auth import revoked_key
+    from llmfleet.serve.queue.keys import Keys
+
+    redis_settings, queue = settings
+    client = redis_settings.client(name="llmfleet-token-revoke")
+    try:
+        await client.set(revoked_key(Keys(queue.prefix), token_id), "1", ex=ttl_s)
+    except RedisError as error:
+        print(f"llmfleet token revoke: Redis at {redis_settings.url}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await client.aclose()
+    print(f"revoked jti {token_id} for {ttl_s} s")
+    return 0
+
+
+def revoke(args: argparse.Namespace) -> int:
+    from llmfleet.serve.queue.config import QueueSettings, RedisSettings, start_service
+
+    now = time.time()
+    token_id, ttl_s = to_revoke(args, now)
+    if len(token_id) > 256:
+        raise LlmfleetError("the jti is longer than 256 characters; no gateway accepts such a token")
+    if ttl_s <= 0:
+        print(f"jti {token_id}: the token has expired; nothing to revoke")
+        return 0
+
+    def load() -> tuple[RedisSettings, QueueSettings]:
+        redis_settings = RedisSettings()
+        redis_settings.password()
+        return redis_settings, QueueSettings()
+
+    return start_service(
+        "llmfleet token revoke",
+        load,
+        lambda settings: asyncio.run(_write_revocation(settings, token_id, ttl_s)),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.sub is None or args.secret_file is None:
+        raise LlmfleetError("llmfleet token: --sub and --secret-file are required to mint a token")
     from llmfleet.serve.gateway.auth import mint
     from llmfleet.serve.gateway.config import MIN_HMAC_SECRET_LENGTH
     from llmfleet.serve.queue.config import SettingsError, read_secret_file
@@ -94,9 +187,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             " token may use, its queue lane and its rate-limit tier; iss, aud and exp are checked by the gateway."
         ),
     )
-    parser.add_argument("--sub", required=True, help="subject: who the token is for (rate limits count per subject)")
+    # Not argparse-required: `llmfleet token revoke` shares this parser. run() insists on them.
+    parser.add_argument("--sub", help="subject: who the token is for (rate limits count per subject); required")
     parser.add_argument(
-        "--secret-file", required=True, help="HS*: the gateway's shared secret; RS*/ES*: a PEM private key"
+        "--secret-file",
+        help="HS*: the gateway's shared secret (during a rotation, the current one); RS*/ES*: a PEM private key;"
+        " required",
     )
     parser.add_argument("--ttl", default="1h", help="lifetime: seconds or 15m, 12h, 7d (default 1h)")
     parser.add_argument("--models", default="*", help="comma-separated model names, or '*' for all (default)")
@@ -108,3 +204,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--audience", default="llmfleet", help="aud claim (default llmfleet)")
     parser.add_argument("--kid", help="key id header, for a gateway verifying with a JWKS")
     parser.set_defaults(handler=run)
+    commands = parser.add_subparsers(dest="token_command", metavar="COMMAND")
+    revoke_parser = commands.add_parser(
+        "revoke",
+        help="revoke a token by its jti (gateways with LLMFLEET_GATEWAY_JWT_REVOCATION=true refuse it)",
+        description=(
+            "Write <prefix>:revoked:<jti> to Redis, kept until the token would have expired (plus 600 s of leeway)."
+            " Redis settings come from LLMFLEET_REDIS_URL, LLMFLEET_REDIS_USERNAME and LLMFLEET_REDIS_PASSWORD_FILE;"
+            " connect as the redis role's revoker user."
+        ),
+    )
+    revoke_parser.add_argument("--token-file", help="the token to revoke (its jti and exp are read), or - for stdin")
+    revoke_parser.add_argument("--jti", help="the jti of the token to revoke, when the token itself is gone")
+    revoke_parser.add_argument("--ttl", help="with --jti: how long the token may still live (e.g. 12h)")
+    revoke_parser.set_defaults(handler=revoke)
