@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import jwt
 import redis.asyncio as aioredis
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
@@ -153,14 +153,23 @@ class RemoteJWKS:
             self._tried_at = time.monotonic()
             self.fetches += 1
             try:
-                async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
-                    response = await client.get(self.url, headers={"Accept": "application/json"})
-                response.raise_for_status()
-                if len(response.content) > MAX_JWKS_BYTES:
+                # aiohttp, the workers' client: the service image carries no other.
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                async with (
+                    aiohttp.ClientSession(timeout=timeout, trust_env=False) as session,
+                    session.get(self.url, headers={"Accept": "application/json"}) as response,
+                ):
+                    response.raise_for_status()
+                    content = b""
+                    async for chunk in response.content.iter_chunked(1 << 16):
+                        content += chunk
+                        if len(content) > MAX_JWKS_BYTES:  # refused below; a huge document is never read whole
+                            break
+                if len(content) > MAX_JWKS_BYTES:
                     raise SettingsError(f"JWKS at {self.url} is larger than {MAX_JWKS_BYTES} bytes")
-                self.keys = parse_jwks(response.content, f"JWKS at {self.url}")
+                self.keys = parse_jwks(content, f"JWKS at {self.url}")
                 self._fetched_at = time.monotonic()
-            except (httpx.HTTPError, SettingsError) as error:
+            except (aiohttp.ClientError, TimeoutError, SettingsError) as error:
                 log.warning("cannot fetch the JWKS at %s (keeping %d known keys): %s", self.url, len(self.keys), error)
 
 
