@@ -157,7 +157,8 @@ async def submit(
         state.replies.unregister(job.id)
         if admission.outcome == "queue_full":
             retry = str(queue.backpressure_retry_after_s)
-            message = f"the queue is full ({admission.depth} requests); retry after {retry} s"
+            # Lower lanes stop short of max_depth (lane_reserve): say whose share is full.
+            message = f"the queue is full for lane {principal.lane} ({admission.depth} requests); retry after {retry} s"
             full = APIError(503, message, "server_error", "queue_full", headers={"Retry-After": retry})
             raise _rejected(state, "queue_full", full)
         reason = "concurrency" if admission.refused_by is None else "rate_limit"

@@ -3,6 +3,7 @@
 - `config`: the Redis and queue settings both sides read (env + secret files);
 - `keys`: every Redis key name, in one place;
 - `jobs`: what travels through the queue (a job, a result, a reply event);
+- `lanes`: the priority lanes' policy (depth cap headroom, fair turns of the take);
 - `scripts`: the Lua scripts that make each step atomic;
 - `producer`: the gateway's side (admit, cancel, replies, task lookup);
 - `consumer`: the worker's side (take, reclaim, begin, chunk, deliver, hand back);

@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.serve.queue.lanes import depth_caps
 
 T = TypeVar("T")
 
@@ -203,6 +204,18 @@ class QueueSettings(BaseSettings):
     )
     default_lane: LaneName = "normal"
     max_depth: int = Field(default=10_000, ge=1, description="queued + in-flight entries before 503")
+    lane_reserve: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="share of max_depth each lane leaves free for the lanes above it (lanes.py)",
+    )
+    lower_lane_every: int = Field(
+        default=10,
+        ge=2,
+        le=1000,
+        description="every Nth entry a worker takes comes from a lower lane that has work (lanes.py)",
+    )
     backpressure_retry_after_s: int = Field(default=2, ge=1)
     queue_timeout_s: float = Field(default=120.0, gt=0, description="longest wait in the queue before 504")
     request_timeout_s: float = Field(default=300.0, gt=0, description="longest engine time for one request")
@@ -217,12 +230,22 @@ class QueueSettings(BaseSettings):
     engine_stale_s: float = Field(default=10.0, gt=0, description="a worker's engine report older than this is ignored")
 
     @model_validator(mode="after")
-    def _default_lane_exists(self) -> QueueSettings:
+    def _lanes_consistent(self) -> QueueSettings:
         if self.default_lane not in self.lanes:
             raise ValueError(f"LLMFLEET_QUEUE_DEFAULT_LANE {self.default_lane!r} is not one of {list(self.lanes)}")
         if len(set(self.lanes)) != len(self.lanes):
             raise ValueError(f"LLMFLEET_QUEUE_LANES has duplicates: {list(self.lanes)}")
+        if self.lane_reserve * (len(self.lanes) - 1) >= 1:
+            raise ValueError(
+                f"LLMFLEET_QUEUE_LANE_RESERVE {self.lane_reserve} x {len(self.lanes) - 1} lanes below the highest"
+                " reserves the whole queue and leaves the lowest lane nothing; make it below"
+                f" {1 / (len(self.lanes) - 1):.3g}"
+            )
         return self
+
+    def depth_cap(self, lane: str) -> int:
+        """The depth (all lanes together) at which a request for `lane` gets a 503."""
+        return depth_caps(self.max_depth, len(self.lanes), self.lane_reserve)[self.lanes.index(lane)]
 
     def lane_for(self, priority: str | int | None) -> str:
         """The lane a token's priority claim maps to: a lane name, or an index (0 = highest)."""

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.jobs import Job, Result
 from llmfleet.serve.queue.keys import GROUP, Keys
+from llmfleet.serve.queue.lanes import fair_turns
 from llmfleet.serve.queue.producer import ensure_groups, stream_rows
 from llmfleet.serve.queue.scripts import Scripts
 
@@ -67,6 +68,8 @@ class Consumer:
         self.scripts = Scripts.register(client)
         self.worker_id = worker_id
         self._cursors = dict.fromkeys(settings.lanes, "0-0")
+        # Entries this consumer has taken (take and wait_take): numbers the fair turns (lanes.fair_turns).
+        self.taken = 0
 
     async def ensure_groups(self) -> None:
         await ensure_groups(self.client, self.keys, self.settings.lanes)
@@ -75,12 +78,18 @@ class Consumer:
         return [self.keys.lane(lane) for lane in self.settings.lanes]
 
     async def take(self, count: int) -> list[Entry]:
-        """Up to count new entries, highest lane first, without blocking."""
-        rows: list[list[Any]] = await self.scripts.take(keys=self._lane_keys(), args=[GROUP, self.worker_id, count])
+        """Up to count new entries, highest lane first but for the fair turns, without blocking."""
+        lanes = len(self.settings.lanes)
+        turns = fair_turns(self.taken, count, self.settings.lower_lane_every, lanes)
+        args: list[Any] = [GROUP, self.worker_id, count, len(turns), lanes - 1]
+        for turn in turns:
+            args += [index + 1 for index in turn]
+        rows: list[list[Any]] = await self.scripts.take(keys=self._lane_keys(), args=args)
         entries = []
         for lane_index, entry_id, flat in rows:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             entries.append(Entry(self.settings.lanes[int(lane_index) - 1], entry_id, fields))
+        self.taken += len(entries)
         return entries
 
     async def wait_take(self, count: int, block_ms: int) -> list[Entry]:
@@ -93,6 +102,7 @@ class Consumer:
             for entry_id, fields in rows:
                 if fields:  # None/empty for an entry deleted while pending
                     entries.append(Entry(lane_of[stream], entry_id, fields))
+        self.taken += len(entries)
         return entries
 
     async def reclaim(self, count: int) -> list[Entry]:

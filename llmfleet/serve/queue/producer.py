@@ -98,6 +98,8 @@ class Producer:
     ) -> Admission:
         """Check depth, limits and the concurrency cap, and queue the job: one atomic step.
 
+        The depth cap is the job's lane's (QueueSettings.depth_cap): lower lanes leave headroom for higher ones.
+
         idempotency: (the key's Redis key, the record to store under it once admitted). A key that already
         stands for a request answers "replay" with its record, and queues and charges nothing.
         """
@@ -112,7 +114,7 @@ class Producer:
         ]
         ttl_s = int(max(job.deadline_ms - job.enqueued_ms, 0) / 1000) + self.settings.result_ttl_s
         args: list[Any] = [
-            self.settings.max_depth,
+            self.settings.depth_cap(job.lane),
             len(lanes),
             job.id,
             job.to_json(),

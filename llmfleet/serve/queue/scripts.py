@@ -4,9 +4,11 @@ Each step that reads and then writes runs as one script, so two gateway
 processes, two workers, or a worker and its own ghost (a stalled process whose
 entry was reclaimed) can never interleave inside it:
 
-- ADMIT (gateway): queue depth cap, rate limits, concurrency cap, then XADD.
-  All or nothing: a refused request leaves no trace and uses no quota.
-- TAKE (worker): XREADGROUP lane by lane, highest priority first.
+- ADMIT (gateway): queue depth cap (the lane's share, lanes.py), rate limits,
+  concurrency cap, then XADD. All or nothing: a refused request leaves no
+  trace and uses no quota.
+- TAKE (worker): XREADGROUP lane by lane, highest priority first, except the
+  fair turns (lanes.py) that go to a lower lane first.
 - BEGIN (worker): skip a request that is answered, cancelled or gone; count
   the attempt; dead-letter past max_attempts; make this attempt the owner
   (a fencing token) and return what an earlier attempt already streamed.
@@ -38,8 +40,8 @@ end
 # KEYS: 1 target lane stream, 2 job hash, 3 concurrency zset,
 #       4..3+L every lane stream (depth), then one hash per rate limit,
 #       then, for a request with an Idempotency-Key, its key (keys.idempotency).
-# ARGV: 1 max_depth, 2 L, 3 request id, 4 job json, 5 job ttl s, 6 subject,
-#       7 mode, 8 concurrency cap (0 = none), 9 concurrency lease ms,
+# ARGV: 1 the target lane's depth cap (QueueSettings.depth_cap; all lanes counted), 2 L,
+#       3 request id, 4 job json, 5 job ttl s, 6 subject, 7 mode, 8 concurrency cap (0 = none), 9 concurrency lease ms,
 #       10 number of limits N, then N x (limit, cost, window ms); limit 0 = none;
 #       then the idempotency record to store (with the key above).
 # Returns {1, depth, remaining_1, reset_ms_1, ...}            admitted
@@ -144,20 +146,39 @@ return out
 """
 )
 
-# KEYS: lane streams, highest priority first. ARGV: 1 group, 2 consumer, 3 count.
+# KEYS: lane streams, highest priority first. ARGV: 1 group, 2 consumer, 3 count,
+#       4 fair turns F, 5 lanes per turn M, then F x M lane indexes (1-based): for each
+#       fair turn (lanes.fair_turns), the lower lanes to try, in order.
+# Each fair turn takes one entry from the first of its lanes with work; the
+# rest of count is taken highest lane first.
 # Returns {{lane index (1-based), entry id, {field, value, ...}}, ...}.
 TAKE = """
 local out = {}
 local want = tonumber(ARGV[3])
-for i = 1, #KEYS do
-  if want <= 0 then break end
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[i], '>')
+local function read(i, n)
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
+  local got = 0
   if r then
     for _, e in ipairs(r[1][2]) do
       table.insert(out, {i, e[1], e[2]})
-      want = want - 1
+      got = got + 1
     end
   end
+  return got
+end
+local turns, per = tonumber(ARGV[4] or 0), tonumber(ARGV[5] or 0)
+for t = 0, turns - 1 do
+  if want <= 0 then break end
+  for j = 1, per do
+    if read(tonumber(ARGV[5 + t * per + j]), 1) > 0 then
+      want = want - 1
+      break
+    end
+  end
+end
+for i = 1, #KEYS do
+  if want <= 0 then break end
+  want = want - read(i, want)
 end
 return out
 """

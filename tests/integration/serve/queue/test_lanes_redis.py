@@ -1,0 +1,144 @@
+"""Priority lanes against a real redis-server (no vLLM): the ADMIT and TAKE scripts apply lanes.py's policy.
+
+The gateway's side connects as the `gateway` ACL user and the worker's as
+`worker`, with exactly the rights the redis role grants them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from llmfleet.serve.queue.config import QueueSettings, RedisSettings
+from llmfleet.serve.queue.consumer import Consumer, Entry
+from llmfleet.serve.queue.jobs import Job, now_ms
+from llmfleet.serve.queue.producer import Admission, Producer
+from tests.integration.serve.gateway.gatewaystack import PREFIX, RedisServer
+from tests.tools import free_loopback_port
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("lanes-redis"), free_loopback_port(), secrets.token_hex(16))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+async def clients(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[dict[str, aioredis.Redis]]:
+    """Clients as the gateway and the worker (the redis role's ACL users), on an emptied Redis."""
+    with redis_server.client() as admin:
+        admin.flushall()
+    password = tmp_path / "password"
+    password.write_text(redis_server.password)
+    password.chmod(0o600)
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    made = {
+        user: RedisSettings(url=url, username=user, password_file=password).client() for user in ("gateway", "worker")
+    }
+    try:
+        yield made
+    finally:
+        for client in made.values():
+            await client.aclose()
+
+
+def job(lane: str) -> Job:
+    now = now_ms()
+    return Job(
+        id=secrets.token_hex(16),
+        kind="completion",
+        model="tiny",
+        payload={"model": "tiny", "prompt": "hi", "max_tokens": 4},
+        stream=False,
+        reply=f"{PREFIX}:reply:gw",
+        subject=f"user-{lane}",
+        tenant="acme",
+        lane=lane,
+        prompt_tokens=1,
+        max_tokens=4,
+        enqueued_ms=now,
+        deadline_ms=now + 60_000,
+        queue_deadline_ms=now + 30_000,
+    )
+
+
+async def admit(producer: Producer, lane: str) -> Admission:
+    return await producer.admit(job(lane), mode="sync", limits=(), concurrency_cap=0, lease_ms=60_000)
+
+
+async def started(settings: QueueSettings, clients: dict[str, aioredis.Redis]) -> tuple[Producer, Consumer]:
+    producer = Producer(clients["gateway"], settings, "gw")
+    consumer = Consumer(clients["worker"], clients["worker"], settings, "worker-1")
+    await consumer.ensure_groups()
+    return producer, consumer
+
+
+async def test_a_full_low_lane_does_not_refuse_a_high_request(clients: dict[str, aioredis.Redis]) -> None:
+    settings = QueueSettings(prefix=PREFIX, max_depth=10, lane_reserve=0.2)  # caps: high 10, normal 8, low 6
+    producer, consumer = await started(settings, clients)
+    low = [(await admit(producer, "low")).outcome for _ in range(8)]
+    assert low == ["admitted"] * 6 + ["queue_full"] * 2
+    # Taken but not answered still counts: the depth is what is queued or running.
+    assert len(await consumer.take(2)) == 2
+    assert (await admit(producer, "low")).outcome == "queue_full"
+    assert [(await admit(producer, "normal")).outcome for _ in range(3)] == ["admitted", "admitted", "queue_full"]
+    high = [await admit(producer, "high") for _ in range(3)]
+    assert [a.outcome for a in high] == ["admitted", "admitted", "queue_full"]
+    assert high[1].depth == 10 and high[2].depth == 10
+    assert await producer.depth() == {"high": 2, "normal": 2, "low": 6}
+
+
+async def test_under_a_continuous_high_backlog_a_low_job_is_taken_within_the_bound(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    settings = QueueSettings(prefix=PREFIX, lower_lane_every=5)
+    producer, consumer = await started(settings, clients)
+    for _ in range(3):
+        assert (await admit(producer, "high")).outcome == "admitted"
+    assert (await admit(producer, "low")).outcome == "admitted"
+    lanes: list[str] = []
+    for _ in range(30):
+        assert (await admit(producer, "high")).outcome == "admitted"  # the high lane never runs dry
+        entries = await consumer.take(1)
+        assert len(entries) == 1
+        lanes.append(entries[0].lane)
+        await consumer.ack(entries[0])
+    # Turn 1 (entry 5) tries normal, then low: the low job goes then, and high takes every other entry.
+    assert lanes[:5] == ["high"] * 4 + ["low"]
+    assert set(lanes[5:]) == {"high"}
+    assert await producer.depth() == {"high": 4, "normal": 0, "low": 0}
+
+
+async def test_one_take_of_many_mixes_in_the_fair_turns(
+    clients: dict[str, aioredis.Redis], redis_server: RedisServer
+) -> None:
+    settings = QueueSettings(prefix=PREFIX, lower_lane_every=4)
+    producer, consumer = await started(settings, clients)
+    for lane, count in (("high", 20), ("normal", 3), ("low", 3)):
+        for _ in range(count):
+            assert (await admit(producer, lane)).outcome == "admitted"
+    entries: list[Entry] = await consumer.take(12)
+    # Entries 4, 8 and 12 are fair turns: normal, low, normal; the other nine come from high.
+    by_lane: dict[str, Any] = {lane: sum(1 for e in entries if e.lane == lane) for lane in settings.lanes}
+    assert by_lane == {"high": 9, "normal": 2, "low": 1}
+    assert consumer.taken == 12
+    # Oldest first within a lane: the first high entry queued is among those taken.
+    with redis_server.client() as admin:
+        first_high = admin.xrange(consumer.keys.lane("high"), count=1)[0][0]
+    assert first_high in {e.entry_id for e in entries}
