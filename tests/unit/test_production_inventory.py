@@ -228,9 +228,9 @@ def test_the_inventory_check_passes_a_filled_vault(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# A name part that marks a secret: password, passwd, secret, token, key(s),
-# credential(s), or a chat webhook URL (it carries its own credential).
-SECRET_OPTION = re.compile(r"(^|_)(password|passwd|secret|token|keys?|credentials?|slack_api_url)(_|$)")
+# A name part that marks a secret: password(s), passwd, secret(s), token(s),
+# key(s), credential(s), or a chat webhook URL (it carries its own credential).
+SECRET_OPTION = re.compile(r"(^|_)(passwords?|passwd|secrets?|tokens?|keys?|credentials?|slack_api_url)(_|$)")
 # Options whose names look secret but hold public values, each with why.
 NOT_SECRET = {
     # The URL of a repository's public signing key.
@@ -273,6 +273,7 @@ def test_every_secret_option_is_no_log(specs: Path) -> None:
         ("vllm_hf_token", True),
         ("redis_worker_password", True),
         ("gateway_jwt_secret", True),
+        ("gateway_jwt_previous_secrets", True),
         ("vllm_api_keys", True),
         ("alertmanager_slack_api_url", True),
         ("vllm_tokenizer", False),
