@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 
 from llmfleet.serve.gateway.auth import mint
@@ -22,6 +23,7 @@ from llmfleet.serve.gateway.auth import mint
 # TEST VALUES ONLY, as converge.yml and prepare.yml set them.
 SECRETS = {
     "jwt": "molecule-test-only-jwt-key-6b1f0e93c2d4a857",
+    "previous jwt": "molecule-test-only-previous-jwt-key-0c7d2e94",
     "gateway": "molecule-test-only-gateway-5a0d71",
     "worker": "molecule-test-only-worker-c3e98b",
 }
@@ -95,7 +97,12 @@ def test_gateway_gets_its_jwt_key_as_a_file(host) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/etc/llmfleet/worker/redis_password", "/etc/llmfleet/gateway/redis_password", "/etc/llmfleet/gateway/jwt_secret"],
+    [
+        "/etc/llmfleet/worker/redis_password",
+        "/etc/llmfleet/gateway/redis_password",
+        "/etc/llmfleet/gateway/jwt_secret",
+        "/etc/llmfleet/gateway/jwt_previous_1",
+    ],
 )
 def test_secret_files_are_0400_owned_by_the_container_user(host, path: str) -> None:
     secret = host.file(path)
@@ -156,3 +163,30 @@ def test_gateway_verifies_tokens_with_the_delivered_key(address: str) -> None:
     # Past auth, the model check and the tokenizer: refused only because no engine is healthy.
     assert answer.status_code == 503, answer.text
     assert "Retry-After" in answer.headers
+
+
+def _chat(address: str, token: str) -> httpx.Response:
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    return httpx.post(
+        f"http://{address}:8080/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+
+
+def test_a_token_signed_with_the_previous_key_verifies_during_the_rotation(address: str) -> None:
+    answer = _chat(address, mint(subject="molecule", key=SECRETS["previous jwt"], models=["tiny"]))
+    # Past auth: refused only because no engine is healthy.
+    assert answer.status_code == 503, answer.text
+
+
+def test_a_revoked_token_is_refused(host, address: str) -> None:
+    token = mint(subject="molecule", key=SECRETS["jwt"], models=["tiny"])
+    assert _chat(address, token).status_code == 503
+    jti = jwt.decode(token, options={"verify_signature": False})["jti"]
+    admin = host.file("/etc/redis/admin.password").content_string.strip()
+    host.check_output(
+        f"REDISCLI_AUTH={admin} redis-cli --no-auth-warning -h 127.0.0.1 SET llmfleet:revoked:{jti} 1 EX 3600"
+    )
+    refused = _chat(address, token)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "token_revoked", refused.text
+
