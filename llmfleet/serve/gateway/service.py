@@ -259,6 +259,14 @@ def _cancel(state: AppState, job: Job, reason: str) -> None:
     state.spawn(cancel())
 
 
+def _delivered(state: AppState, job: Job) -> None:
+    """The answer reached its client: keep its stored copy delivered_grace_s more (set in the next trim, no round trip).
+
+    Not for a request with an Idempotency-Key: its retry may come until the key's retention ends.
+    """
+    state.replies.expire_later(state.producer.delivered_keys(job.id), state.settings.queue.delivered_grace_s)
+
+
 def _timeout_body(job: Job) -> dict[str, Any]:
     return error_body("no answer before the request's deadline; it was cancelled", "timeout", "deadline_exceeded")
 
@@ -289,6 +297,8 @@ async def _answer(
                 return JSONResponse(_timeout_body(job), status_code=504, headers=headers)
             result = _as_result(event)
             if result is not None:
+                if not keep:
+                    _delivered(state, job)
                 return JSONResponse(result.body, status_code=result.status, headers=headers)
             # a chunk for a non-streaming request cannot happen; ignore it
     except asyncio.CancelledError:
@@ -366,6 +376,8 @@ async def _relay(
                 for data in final_events(job, sent, result, include_usage):
                     yield data
                 finished = True
+                if not keep:
+                    _delivered(state, job)
                 return
             if isinstance(event, ReplyEvent):
                 ready = order.add(event.seq, event.data, loop.time())

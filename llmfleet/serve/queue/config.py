@@ -219,7 +219,16 @@ class QueueSettings(BaseSettings):
     backpressure_retry_after_s: int = Field(default=2, ge=1)
     queue_timeout_s: float = Field(default=120.0, gt=0, description="longest wait in the queue before 504")
     request_timeout_s: float = Field(default=300.0, gt=0, description="longest engine time for one request")
-    result_ttl_s: int = Field(default=3600, ge=10, description="how long results stay readable (task mode)")
+    result_ttl_s: int = Field(
+        default=3600,
+        ge=10,
+        description="how long results stay readable: tasks, keyed (Idempotency-Key) requests, undelivered answers",
+    )
+    delivered_grace_s: int = Field(
+        default=60,
+        ge=1,
+        description="how long a sync or stream answer stays stored after the gateway delivered it",
+    )
     claim_idle_ms: int = Field(default=30_000, ge=200, description="idle time after which a dead worker's entry moves")
     max_attempts: int = Field(default=3, ge=1, description="starts of one request before it is dead-lettered")
     poison_after: int = Field(

@@ -5,6 +5,14 @@ reader task that blocks on it and hands each event to the waiter registered
 for that request id. Workers add chunks and the final result to it; the result
 is also stored under keys.result(id), so a waiter that missed the stream (a
 trimmed stream, a Redis restart) still finds its answer by polling the key.
+
+The stored result outlives its delivery only briefly: once a waiter has
+handed a sync or stream answer to its client, the reader's next trim (one
+pipeline a second for the whole process, not a round trip per request)
+shortens the result's and the job record's TTL to delivered_grace_s
+(ReplyListener.expire_later). Task-mode results, answers kept for an
+Idempotency-Key retry, and answers no waiter took (a gateway that died) keep
+result_ttl_s.
 """
 
 from __future__ import annotations
@@ -159,6 +167,10 @@ class Producer:
         text = await self.client.get(self.keys.result(request_id))
         return Result.from_json(str(text)) if text else None
 
+    def delivered_keys(self, request_id: str) -> list[str]:
+        """The keys whose TTL a delivered answer shortens to delivered_grace_s."""
+        return [self.keys.result(request_id), self.keys.job(request_id)]
+
     async def job_state(self, request_id: str) -> dict[str, str]:
         state = await self.client.hgetall(self.keys.job(request_id))
         return {str(key): str(value) for key, value in state.items()}
@@ -197,6 +209,8 @@ class ReplyListener:
         self.block_ms = block_ms
         self.keep_s = keep_s
         self.waiters: dict[str, Waiter] = {}
+        # Keys to EXPIRE, with their TTL, in the next trim's pipeline (expire_later).
+        self._expire: list[tuple[str, int]] = []
         self.last_id = "0-0"
         self.connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -214,6 +228,13 @@ class ReplyListener:
 
     def unregister(self, request_id: str) -> None:
         self.waiters.pop(request_id, None)
+
+    def expire_later(self, keys: list[str], ttl_s: int) -> None:
+        """Set these keys' TTL in the next trim (within about a second): no round trip of its own.
+
+        Used for answers already delivered, whose stored copy is then only kept a grace period.
+        """
+        self._expire.extend((key, ttl_s) for key in keys)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="reply-listener")
@@ -273,10 +294,19 @@ class ReplyListener:
             del self.waiters[request_id]
         # Keep what was read in the last KEEP_READ_MS (for debugging, and for a tap following the stream).
         threshold = min(_id_tuple(self.last_id), (now - KEEP_READ_MS, 0))
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.xtrim(self.key, minid=f"{threshold[0]}-{threshold[1]}", approximate=True)
-            pipe.expire(self.key, self.keep_s)
-            await pipe.execute()
+        expire, self._expire = self._expire, []
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.xtrim(self.key, minid=f"{threshold[0]}-{threshold[1]}", approximate=True)
+                pipe.expire(self.key, self.keep_s)
+                for key, ttl_s in expire:
+                    # LT: only ever shortens (a kept answer's longer TTL is never what this sets).
+                    pipe.expire(key, ttl_s, lt=True)
+                await pipe.execute()
+        except BaseException:
+            # Tried again at the next trim; a key that expires meanwhile only ages sooner.
+            self._expire = expire + self._expire
+            raise
 
     async def _check_continuity(self) -> None:
         """After Redis came back without our stream's history (no persistence), start over at 0."""
