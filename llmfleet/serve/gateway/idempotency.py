@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError
-from llmfleet.serve.gateway.routes.tasks import task_status
+from llmfleet.serve.gateway.routes.tasks import LOST_RETRY_AFTER_S, lost_result, task_status
 from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, final_events
 from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
 
@@ -113,6 +113,8 @@ async def replay(
     result = await _result(state, original, request)
     if result is None:
         return Response(status_code=499)
+    if result.status == 503 and (result.body.get("error") or {}).get("code") == "request_lost":
+        headers["Retry-After"] = str(LOST_RETRY_AFTER_S)
     return JSONResponse(result.body, status_code=result.status, headers=headers)
 
 
@@ -122,14 +124,20 @@ def _deadline_result() -> Result:
 
 
 async def _result(state: AppState, job: Job, request: Request | None) -> Result | None:
-    """The stored answer of job, polled until its deadline (grace included); None if the client went away first."""
+    """The stored answer of job, polled until its deadline (grace included); None if the client went away first.
+
+    A job Redis lost (Producer.poll: no result, no job record) answers 503 request_lost at once.
+    """
     while True:
         try:
-            result = await state.producer.result(job.id)
+            polled = await state.producer.poll(job.id)
         except RedisError:
-            result = None
-        if result is not None:
-            return result
+            polled = "pending"
+        if polled == "lost":
+            state.metrics.lost.labels("replay").inc()
+            return lost_result()
+        if isinstance(polled, Result):
+            return polled
         remaining_s = (job.deadline_ms - now_ms()) / 1000
         if remaining_s <= 0:
             return _deadline_result()
@@ -154,4 +162,3 @@ async def _replayed_stream(state: AppState, job: Job, include_usage: bool) -> As
             yield data
     finally:
         waiting.cancel()
-

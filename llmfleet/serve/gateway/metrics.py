@@ -43,4 +43,10 @@ class GatewayMetrics(MetricSet):
             "Retries answered with an earlier request's answer (Idempotency-Key), by model and mode",
             ["model", "mode"],
         )
+        self.lost = self.counter(
+            "llmfleet_gateway_lost",
+            "Admitted requests whose job Redis no longer had (restarted without its latest writes), answered with a"
+            " retryable 503 request_lost, by mode (sync, stream, task, replay)",
+            ["mode"],
+        )
         self.redis_up = self.gauge("llmfleet_gateway_redis_up", "1 when the reply stream reader is connected")

@@ -36,6 +36,7 @@ from llmfleet.serve.gateway.deps import AppState
 from llmfleet.serve.gateway.errors import APIError, queue_unavailable
 from llmfleet.serve.gateway.idempotency import Record, replay, reused
 from llmfleet.serve.gateway.middleware import request_id
+from llmfleet.serve.gateway.routes.tasks import ADMITTED, LOST_RETRY_AFTER_S, lost_body
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, Sequencer, final_events, sse, track
 from llmfleet.serve.gateway.validation import check_chat, check_completion
@@ -170,6 +171,7 @@ async def submit(
     if checked.truncated_tokens:
         headers["x-llmfleet-truncated-tokens"] = str(checked.truncated_tokens)
     if waiter is None:
+        ADMITTED.add(job.id, job.subject, job.deadline_ms)
         url = f"/v1/tasks/{job.id}"
         return JSONResponse(
             {"id": job.id, "object": "task", "status": "queued", "url": url},
@@ -207,9 +209,11 @@ async def _wait_disconnect(request: Request) -> None:
 async def _next(
     state: AppState, job: Job, waiter: Waiter, disconnect: asyncio.Task[None] | None, idle_s: float | None = None
 ) -> ReplyEvent | Result | str:
-    """The next event for job: a ReplyEvent, a Result found by polling, "disconnected" or "timeout".
+    """The next event for job: a ReplyEvent, a Result found by polling, "disconnected", "timeout" or "lost".
 
     idle_s: return "idle" when nothing came for that long (after a look at the stored result).
+    "lost": the poll found neither a result nor the job record (Producer.poll): Redis lost the request's writes.
+    An unreachable Redis is not that: the wait goes on (the answer may still come when it is back).
     """
     poll_s = state.settings.result_poll_s
     loop = asyncio.get_running_loop()
@@ -235,13 +239,16 @@ async def _next(
         if disconnect is not None and disconnect in done:
             return "disconnected"
         # Nothing on the stream for a while: the notification may be lost (trimmed
-        # stream, Redis restart); the stored result is the source of truth.
+        # stream, Redis restart); the stored result is the source of truth. The
+        # same round trip asks whether the job still exists at all.
         try:
-            result = await state.producer.result(job.id)
+            polled = await state.producer.poll(job.id)
         except RedisError:
-            result = None
-        if result is not None:
-            return result
+            polled = "pending"
+        if polled == "lost":
+            return "lost"
+        if isinstance(polled, Result):
+            return polled
         if idle_at is not None and loop.time() >= idle_at:
             return "idle"
 
@@ -265,6 +272,11 @@ def _delivered(state: AppState, job: Job) -> None:
     Not for a request with an Idempotency-Key: its retry may come until the key's retention ends.
     """
     state.replies.expire_later(state.producer.delivered_keys(job.id), state.settings.queue.delivered_grace_s)
+
+
+def _lost(state: AppState, job: Job, mode: str) -> None:
+    state.metrics.lost.labels(mode).inc()
+    log.warning("request %s: neither its result nor its job is in Redis (it lost writes); answering 503", job.id)
 
 
 def _timeout_body(job: Job) -> dict[str, Any]:
@@ -295,6 +307,10 @@ async def _answer(
             if event == "timeout":
                 _cancel(state, job, "deadline")
                 return JSONResponse(_timeout_body(job), status_code=504, headers=headers)
+            if event == "lost":
+                _lost(state, job, "sync")
+                lost_headers = {**headers, "Retry-After": str(LOST_RETRY_AFTER_S)}
+                return JSONResponse(lost_body(), status_code=503, headers=lost_headers)
             result = _as_result(event)
             if result is not None:
                 if not keep:
@@ -368,6 +384,12 @@ async def _relay(
                 yield sse(json.dumps(_timeout_body(job)))
                 yield sse("[DONE]")
                 finished = True
+                return
+            if event == "lost":
+                _lost(state, job, "stream")
+                finished = True  # nothing left to cancel
+                yield sse(json.dumps(lost_body()))
+                yield sse("[DONE]")
                 return
             result = _as_result(event)
             if result is not None:

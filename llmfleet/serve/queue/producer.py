@@ -167,6 +167,22 @@ class Producer:
         text = await self.client.get(self.keys.result(request_id))
         return Result.from_json(str(text)) if text else None
 
+    async def poll(self, request_id: str) -> Result | Literal["pending", "lost"]:
+        """The stored result, else whether the request still exists: one round trip (GET and EXISTS, pipelined).
+
+        "lost": neither a result nor the job record, which ADMIT writes in the same step as the queue entry and
+        DELIVER keeps (it only sets its TTL, in the same step as the result). Before the request's deadline that
+        happens only when Redis lost writes (restarted without them, or a failover). GET runs first, so a result
+        written between the two commands shows as "pending" (the job is still there), never as "lost".
+        """
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.result(request_id))
+            pipe.exists(self.keys.job(request_id))
+            text, exists = await pipe.execute()
+        if text:
+            return Result.from_json(str(text))
+        return "pending" if int(exists) else "lost"
+
     def delivered_keys(self, request_id: str) -> list[str]:
         """The keys whose TTL a delivered answer shortens to delivered_grace_s."""
         return [self.keys.result(request_id), self.keys.job(request_id)]

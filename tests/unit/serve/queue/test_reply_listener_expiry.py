@@ -88,3 +88,21 @@ def test_the_grace_is_a_setting_of_at_least_one_second() -> None:
     assert QueueSettings().delivered_grace_s == 60
     with pytest.raises(ValueError, match="delivered_grace_s"):
         QueueSettings(delivered_grace_s=0)
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ({"get": '{"status": 200, "body": {"ok": 1}}', "exists": 0}, 200),
+        ({"get": None, "exists": 1}, "pending"),
+        ({"get": None, "exists": 0}, "lost"),
+    ],
+)
+def test_the_poll_reads_the_result_before_the_job_in_one_round_trip(answers: dict[str, Any], expected: Any) -> None:
+    client = FakeClient()
+    client.answers = answers
+    producer = Producer(client, QueueSettings(prefix="p"), "gw")  # type: ignore[arg-type]
+    polled = asyncio.run(producer.poll("abc"))
+    # GET first: a result written between the two commands leaves the job in place, so it reads "pending".
+    assert client.executed == [[("get", ("p:result:abc",), {}), ("exists", ("p:job:abc",), {})]]
+    assert (polled if isinstance(polled, str) else polled.status) == expected
