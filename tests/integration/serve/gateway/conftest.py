@@ -11,8 +11,6 @@ Tests that kill or replace workers leave one running worker behind.
 
 from __future__ import annotations
 
-import os
-import secrets
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,15 +19,13 @@ import pytest
 
 from llmfleet.lab.vllm_cpu import VllmServer
 from tests.integration.serve.gateway.gatewaystack import (
-    CLAIM_IDLE_MS,
-    PREFIX,
     GatedProxy,
-    RedisServer,
     ReplyTap,
     Stack,
     StallingProxy,
     StubEngine,
     engine_proxy,
+    running_stack,
     serving,
 )
 from tests.tools import free_loopback_port
@@ -37,40 +33,8 @@ from tests.tools import free_loopback_port
 
 @pytest.fixture(scope="package")
 def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("gateway-stack")
-    password_file = tmp / "redis.password"
-    password_file.write_text(secrets.token_hex(24))
-    password_file.chmod(0o600)
-    secret_file = tmp / "jwt.secret"
-    secret_file.write_text(secrets.token_hex(32))
-    secret_file.chmod(0o600)
-    redis_server = RedisServer(tmp / "redis", free_loopback_port(), password_file.read_text())
-    redis_server.start()
-    base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
-    base_env.update(
-        {
-            "LLMFLEET_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/0",
-            "LLMFLEET_REDIS_USERNAME": "llmfleet",
-            "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
-            "LLMFLEET_QUEUE_PREFIX": PREFIX,
-            "LLMFLEET_QUEUE_CLAIM_IDLE_MS": str(CLAIM_IDLE_MS),
-            "LLMFLEET_QUEUE_ENGINE_STALE_S": "10",
-            "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": "60",
-            "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": "60",
-            "LLMFLEET_LOG_LEVEL": "INFO",
-        }
-    )
-    stack = Stack(tmp, redis_server, vllm_server, secret_file, base_env)
-    try:
-        stack.start_gateway()
-        stack.start_worker()
-        stack.wait_gateway_ready()
-        yield stack
-    finally:
-        for service in [*stack.workers, stack.gateway]:
-            if service is not None and service.alive():
-                service.stop(timeout_s=10)
-        redis_server.kill()
+    with running_stack(tmp_path_factory.mktemp("gateway-stack"), vllm_server) as started:
+        yield started
 
 
 @pytest.fixture

@@ -383,6 +383,45 @@ class Stack:
         return "\n".join(parts)
 
 
+@contextlib.contextmanager
+def running_stack(tmp: Path, vllm: VllmServer, **settings: str) -> Iterator[Stack]:
+    """A Redis, a gateway and one worker serving vllm, all on loopback; settings override LLMFLEET_* values."""
+    password_file = tmp / "redis.password"
+    password_file.write_text(secrets.token_hex(24))
+    password_file.chmod(0o600)
+    secret_file = tmp / "jwt.secret"
+    secret_file.write_text(secrets.token_hex(32))
+    secret_file.chmod(0o600)
+    redis_server = RedisServer(tmp / "redis", free_loopback_port(), password_file.read_text())
+    redis_server.start()
+    base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
+    base_env.update(
+        {
+            "LLMFLEET_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/0",
+            "LLMFLEET_REDIS_USERNAME": "llmfleet",
+            "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
+            "LLMFLEET_QUEUE_PREFIX": PREFIX,
+            "LLMFLEET_QUEUE_CLAIM_IDLE_MS": str(CLAIM_IDLE_MS),
+            "LLMFLEET_QUEUE_ENGINE_STALE_S": "10",
+            "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": "60",
+            "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": "60",
+            "LLMFLEET_LOG_LEVEL": "INFO",
+            **settings,
+        }
+    )
+    stack = Stack(tmp, redis_server, vllm, secret_file, base_env)
+    try:
+        stack.start_gateway()
+        stack.start_worker()
+        stack.wait_gateway_ready()
+        yield stack
+    finally:
+        for service in [*stack.workers, stack.gateway]:
+            if service is not None and service.alive():
+                service.stop(timeout_s=10)
+        redis_server.kill()
+
+
 class StubEngine(BaseHTTPRequestHandler):
     """A STAND-IN for a broken engine: healthy to probes (/health, /v1/models lists tiny), 503 to every request.
 
