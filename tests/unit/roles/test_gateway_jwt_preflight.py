@@ -10,16 +10,13 @@ localhost; it only reads variables and the controller's model files.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmfleet.paths import REPO_ROOT
-from tests.tools import venv_tool
+from tests.tools import run_local_playbook
 
 TASK = "gateway : preflight | Check the JWT key source and algorithms"
 SECRET = "unit-test-only-jwt-key-5d0c8e1f2a7b93c4"
@@ -44,16 +41,9 @@ def _jwt_check(tmp_path: Path, task: str = TASK, **variables: Any) -> str:
         "gateway_models": [{"name": "tiny", "src": str(model)}],
         "gateway_redis_url": "redis://127.0.0.1:6379/0",
         "gateway_redis_password": "unit-test-only-redis-6a2f",
-        "ansible_python_interpreter": str(Path(venv_tool("python"))),
         **variables,
     }
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-           "ANSIBLE_CACHE_PLUGIN": "memory"}
-    result = subprocess.run(
-        [venv_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook), "-e", json.dumps(extra)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    result = run_local_playbook(tmp_path, playbook, json.dumps(extra))
     output = result.stdout + result.stderr
     match = re.search(rf"TASK \[{re.escape(task)}\].*?(?=\nTASK \[|\nPLAY RECAP)", output, re.DOTALL)
     assert match, f"{task} did not run:\n{output[-3000:]}"

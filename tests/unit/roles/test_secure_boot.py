@@ -11,7 +11,6 @@ on this machine is read or changed beyond the temporary directory.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from llmfleet.paths import REPO_ROOT
-from tests.tools import venv_tool
+from tests.tools import run_local_playbook
 
 ROLE = REPO_ROOT / "roles" / "nvidia_driver"
 PROBE = ROLE / "files" / "secure-boot-mok.sh"
@@ -87,14 +86,7 @@ def _refuse(tmp_path: Path, state: str, keys: dict[str, str]) -> subprocess.Comp
     }]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-           "ANSIBLE_CACHE_PLUGIN": "memory"}
-    return subprocess.run(
-        [venv_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
-         "-e", f"ansible_python_interpreter={venv_tool('python')}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    return run_local_playbook(tmp_path, playbook)
 
 
 NOT_ENROLLED = {MOK_KEYS[0]: "not-enrolled", MOK_KEYS[1]: "absent"}

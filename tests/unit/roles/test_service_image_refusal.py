@@ -11,15 +11,12 @@ is changed on this machine).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from llmfleet.paths import REPO_ROOT
-from tests.tools import venv_tool
+from tests.tools import run_local_playbook
 
 TASK = "worker : preflight | Check that the service image is named"
 COMMAND = "llmfleet image build service"
@@ -33,14 +30,7 @@ def _image_check(tmp_path: Path, image: str) -> str:
         "    - name: Run the worker role's preflight\n"
         "      ansible.builtin.include_role: {name: worker, tasks_from: preflight}\n"
     )
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-           "ANSIBLE_CACHE_PLUGIN": "memory"}
-    result = subprocess.run(
-        [venv_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
-         "-e", json.dumps({"worker_image": image, "ansible_python_interpreter": str(Path(venv_tool("python")))})],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    result = run_local_playbook(tmp_path, playbook, json.dumps({"worker_image": image}))
     output = result.stdout + result.stderr
     match = re.search(rf"TASK \[{re.escape(TASK)}\].*?(?=\nTASK \[|\nPLAY RECAP)", output, re.DOTALL)
     assert match, f"the image check did not run:\n{output[-3000:]}"

@@ -12,7 +12,6 @@ through ansible-playbook on localhost (it only reads variables).
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from llmfleet.paths import REPO_ROOT
-from tests.tools import venv_tool
+from tests.tools import run_local_playbook
 
 ROLE = REPO_ROOT / "roles" / "python_toolchain"
 CHECK = "preflight | Check that the packages have a source"
@@ -41,14 +40,7 @@ def _check(tmp_path: Path, wheelhouse: str, index_url: str) -> subprocess.Comple
     }]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-           "ANSIBLE_CACHE_PLUGIN": "memory"}
-    return subprocess.run(
-        [venv_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
-         "-e", f"ansible_python_interpreter={venv_tool('python')}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    return run_local_playbook(tmp_path, playbook)
 
 
 def test_without_a_source_the_check_names_both_settings_the_label_and_the_command(tmp_path: Path) -> None:
