@@ -19,6 +19,7 @@ import pytest
 
 from llmfleet.lab.vllm_cpu import VllmServer
 from tests.integration.serve.gateway.gatewaystack import (
+    CLAIM_IDLE_MS,
     GatedProxy,
     ReplyTap,
     Stack,
@@ -33,7 +34,12 @@ from tests.tools import free_loopback_port
 
 @pytest.fixture(scope="package")
 def stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("gateway-stack"), vllm_server) as started:
+    with running_stack(
+        tmp_path_factory.mktemp("gateway-stack"),
+        vllm_server,
+        LLMFLEET_QUEUE_CLAIM_IDLE_MS=str(CLAIM_IDLE_MS),
+        LLMFLEET_QUEUE_ENGINE_STALE_S="10",
+    ) as started:
         yield started
 
 

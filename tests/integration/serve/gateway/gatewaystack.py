@@ -384,8 +384,17 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(tmp: Path, vllm: VllmServer, **settings: str) -> Iterator[Stack]:
-    """A Redis, a gateway and one worker serving vllm, all on loopback; settings override LLMFLEET_* values."""
+def running_stack(
+    tmp: Path,
+    vllm: VllmServer,
+    engines: list[str] | None = None,
+    worker: dict[str, str] | None = None,
+    **settings: str,
+) -> Iterator[Stack]:
+    """A Redis, a gateway and one worker, all on loopback; settings add to or override the LLMFLEET_* values.
+
+    The worker calls engines (default: vllm) with its start_worker settings in worker.
+    """
     password_file = tmp / "redis.password"
     password_file.write_text(secrets.token_hex(24))
     password_file.chmod(0o600)
@@ -401,8 +410,6 @@ def running_stack(tmp: Path, vllm: VllmServer, **settings: str) -> Iterator[Stac
             "LLMFLEET_REDIS_USERNAME": "llmfleet",
             "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
             "LLMFLEET_QUEUE_PREFIX": PREFIX,
-            "LLMFLEET_QUEUE_CLAIM_IDLE_MS": str(CLAIM_IDLE_MS),
-            "LLMFLEET_QUEUE_ENGINE_STALE_S": "10",
             "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": "60",
             "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": "60",
             "LLMFLEET_LOG_LEVEL": "INFO",
@@ -412,7 +419,7 @@ def running_stack(tmp: Path, vllm: VllmServer, **settings: str) -> Iterator[Stac
     stack = Stack(tmp, redis_server, vllm, secret_file, base_env)
     try:
         stack.start_gateway()
-        stack.start_worker()
+        stack.start_worker(engines, **(worker or {}))
         stack.wait_gateway_ready()
         yield stack
     finally:

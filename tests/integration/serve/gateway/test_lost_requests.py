@@ -13,8 +13,6 @@ or one with `appendfsync everysec` loses its last second on a host crash.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
 import threading
 import time
@@ -27,16 +25,15 @@ import pytest
 
 from llmfleet.lab.vllm_cpu import VllmServer
 from tests.integration.serve.gateway.gatewaystack import (
-    PREFIX,
     RedisServer,
     Stack,
     StubEngine,
     http_status,
     metric_value,
+    running_stack,
     serving,
     wait_for,
 )
-from tests.tools import free_loopback_port
 
 pytestmark = pytest.mark.vllm
 
@@ -69,41 +66,22 @@ class HoldingEngine(StubEngine):
 @pytest.fixture(scope="module")
 def held(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Any]]:
     """(the stack, (the engine's release event, its POST count)); the worker's engine holds every request."""
-    tmp = tmp_path_factory.mktemp("lost-stack")
-    password_file = tmp / "redis.password"
-    password_file.write_text(secrets.token_hex(24))
-    password_file.chmod(0o600)
-    secret_file = tmp / "jwt.secret"
-    secret_file.write_text(secrets.token_hex(32))
-    secret_file.chmod(0o600)
-    redis_server = RedisServer(tmp / "redis", free_loopback_port(), password_file.read_text())
-    redis_server.start()
-    base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
-    base_env.update(
-        {
-            "LLMFLEET_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/0",
-            "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
-            "LLMFLEET_QUEUE_PREFIX": PREFIX,
-            "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": str(DEADLINE_S // 2),
-            "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": str(DEADLINE_S // 2),
-            "LLMFLEET_LOG_LEVEL": "INFO",
-        }
-    )
     release = threading.Event()
     hits: Counter[str] = Counter()
-    stack = Stack(tmp, redis_server, vllm_server, secret_file, base_env)
-    with serving(HoldingEngine, release=release, hits=hits) as engine_url:
+    with (
+        serving(HoldingEngine, release=release, hits=hits) as engine_url,
+        running_stack(
+            tmp_path_factory.mktemp("lost-stack"),
+            vllm_server,
+            engines=[engine_url],
+            LLMFLEET_QUEUE_REQUEST_TIMEOUT_S=str(DEADLINE_S // 2),
+            LLMFLEET_QUEUE_QUEUE_TIMEOUT_S=str(DEADLINE_S // 2),
+        ) as stack,
+    ):
         try:
-            stack.start_gateway()
-            stack.start_worker(engines=[engine_url])
-            stack.wait_gateway_ready()
             yield stack, (release, hits)
         finally:
             release.set()
-            for service in [*stack.workers, stack.gateway]:
-                if service is not None and service.alive():
-                    service.stop(timeout_s=10)
-            redis_server.kill()
 
 
 def chat(content: str) -> dict[str, Any]:

@@ -17,8 +17,6 @@ limit is set between the two.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import time
 import uuid
 from collections import Counter
@@ -29,8 +27,15 @@ import httpx
 import pytest
 
 from llmfleet.lab.vllm_cpu import VllmServer
-from tests.integration.serve.gateway.gatewaystack import PREFIX, RedisServer, Stack, StubEngine, serving, wait_for
-from tests.tools import free_loopback_port
+from tests.integration.serve.gateway.gatewaystack import (
+    PREFIX,
+    RedisServer,
+    Stack,
+    StubEngine,
+    running_stack,
+    serving,
+    wait_for,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -61,40 +66,20 @@ class BigAnswerEngine(StubEngine):
 
 @pytest.fixture(scope="module")
 def small_stack(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("retention-stack")
-    password_file = tmp / "redis.password"
-    password_file.write_text(secrets.token_hex(24))
-    password_file.chmod(0o600)
-    secret_file = tmp / "jwt.secret"
-    secret_file.write_text(secrets.token_hex(32))
-    secret_file.chmod(0o600)
-    redis_server = RedisServer(tmp / "redis", free_loopback_port(), password_file.read_text())
-    redis_server.start()
-    base_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMFLEET_")}
-    base_env.update(
-        {
-            "LLMFLEET_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/0",
-            "LLMFLEET_REDIS_PASSWORD_FILE": str(password_file),
-            "LLMFLEET_QUEUE_PREFIX": PREFIX,
-            "LLMFLEET_QUEUE_REQUEST_TIMEOUT_S": "30",
-            "LLMFLEET_QUEUE_QUEUE_TIMEOUT_S": "30",
-            "LLMFLEET_QUEUE_DELIVERED_GRACE_S": str(GRACE_S),
-            "LLMFLEET_LOG_LEVEL": "INFO",
-        }
-    )
     hits: Counter[str] = Counter()
-    stack = Stack(tmp, redis_server, vllm_server, secret_file, base_env)
-    with serving(BigAnswerEngine, hits=hits) as engine_url:
-        try:
-            stack.start_gateway()
-            stack.start_worker(engines=[engine_url], concurrency="32")
-            stack.wait_gateway_ready()
-            yield stack
-        finally:
-            for service in [*stack.workers, stack.gateway]:
-                if service is not None and service.alive():
-                    service.stop(timeout_s=10)
-            redis_server.kill()
+    with (
+        serving(BigAnswerEngine, hits=hits) as engine_url,
+        running_stack(
+            tmp_path_factory.mktemp("retention-stack"),
+            vllm_server,
+            engines=[engine_url],
+            worker={"concurrency": "32"},
+            LLMFLEET_QUEUE_REQUEST_TIMEOUT_S="30",
+            LLMFLEET_QUEUE_QUEUE_TIMEOUT_S="30",
+            LLMFLEET_QUEUE_DELIVERED_GRACE_S=str(GRACE_S),
+        ) as stack,
+    ):
+        yield stack
 
 
 def chat(content: str = "Say something") -> dict[str, object]:
