@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +23,9 @@ from llmfleet.serve.queue.jobs import Job, Result, now_ms
 from llmfleet.serve.queue.keys import GROUP
 from llmfleet.serve.queue.producer import Limit, Producer
 from tests.integration.serve.gateway.gatewaystack import RedisServer
-from tests.tools import free_loopback_port
 
 # anyio's pytest plugin (installed with anyio) runs the async tests on asyncio.
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("queue-redis"), free_loopback_port(), secrets.token_hex(16))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ The gateway's side connects as the `gateway` ACL user and the worker's as
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,8 @@ from llmfleet.serve.queue.consumer import Consumer, Entry
 from llmfleet.serve.queue.jobs import Job, now_ms
 from llmfleet.serve.queue.producer import Admission, Producer
 from tests.integration.serve.gateway.gatewaystack import PREFIX, RedisServer
-from tests.tools import free_loopback_port
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("lanes-redis"), free_loopback_port(), secrets.token_hex(16))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture
