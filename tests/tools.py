@@ -1,5 +1,5 @@
 """How tests call the project's own commands (from the venv running pytest,
-whatever PATH says) and find a free loopback port."""
+whatever PATH says), find a free loopback port and wait on a condition."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from llmfleet.paths import REPO_ROOT
 
 VENV_BIN = Path(sys.executable).parent
 LLMFLEET = [sys.executable, "-m", "llmfleet"]
+
+T = TypeVar("T")
 
 
 def venv_tool(name: str) -> str:
@@ -42,3 +47,15 @@ def run_local_playbook(tmp_path: Path, playbook: Path, *extra_vars: str) -> subp
     for value in extra_vars:
         command += ["-e", value]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 120.0, interval_s: float = 0.1) -> T:
+    """The condition's first truthy value, polled every interval_s: wait on a condition, never sleep blind."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = condition()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout_s:.0f} s; last seen: {last!r}")
+        time.sleep(interval_s)

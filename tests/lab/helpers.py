@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from llmfleet.paths import REPO_ROOT
+from tests import tools
 from tests.tools import LLMFLEET, venv_tool
 
 T = TypeVar("T")
@@ -114,15 +114,8 @@ def llmfleet_lab(inventory: Path, action: str) -> subprocess.CompletedProcess[st
 
 
 def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
-    """The condition's first truthy value; Prometheus scrapes every few seconds, so wait on it, never sleep blind."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"{what} not met in {timeout_s:.0f} s; last seen: {last!r}")
+    """The condition's first truthy value; Prometheus scrapes every few seconds, so poll once a second."""
+    return tools.wait_for(condition, what, timeout_s, interval_s=1.0)
 
 
 def prometheus(path: str, **params: str) -> Any:

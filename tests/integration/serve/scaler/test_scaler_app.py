@@ -25,7 +25,7 @@ from llmfleet.serve.scaler.config import ScalerSettings
 from llmfleet.serve.scaler.runner import RunResult, RunSpec
 from llmfleet.serve.scaler.state import load
 from tests.scaler_tools import alert, notification
-from tests.tools import free_loopback_port
+from tests.tools import free_loopback_port, wait_for
 
 HOSTS = """\
 all:
@@ -97,13 +97,6 @@ def settings(make_settings: Callable[..., ScalerSettings], tmp_path: Path) -> Ca
         return make_settings(LLMFLEET_SCALER_PORT=str(free_loopback_port()), **env)
 
     return make
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def decisions(response: httpx.Response) -> list[dict[str, Any]]:

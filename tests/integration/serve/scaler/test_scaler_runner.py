@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from llmfleet.serve.scaler.audit import read
 from llmfleet.serve.scaler.config import ScalerSettings
 from llmfleet.serve.scaler.state import load
 from tests.scaler_tools import alert, notification
-from tests.tools import free_loopback_port
+from tests.tools import free_loopback_port, wait_for
 
 # TEST playbook, not the real scale_out.yml: records the variables the scaler
 # passed and the worker_count the inventory plugin applied from the state file.
@@ -109,7 +108,7 @@ def client(
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    wait_for(lambda: server.started, "uvicorn to start")
+    wait_for(lambda: server.started, "uvicorn to start", timeout_s=240)
     token = settings.token_file.read_text().strip()
     with httpx.Client(
         base_url=f"http://127.0.0.1:{settings.port}", headers={"Authorization": f"Bearer {token}"}, timeout=120
@@ -117,13 +116,6 @@ def client(
         yield http, settings
     server.should_exit = True
     thread.join(60)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
@@ -135,7 +127,7 @@ def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
     assert response.status_code == 200
     decision = response.json()["decisions"][0]
     assert (decision["outcome"], decision["action"]["worker_counts"]) == ("taken", {"gw-local": 2})
-    wait_for(lambda: load(state_file).in_flight is None, "the playbook run to end")
+    wait_for(lambda: load(state_file).in_flight is None, "the playbook run to end", timeout_s=240)
 
     ran = json.loads((tmp_path / "ran.json").read_text())
     assert ran == {
@@ -157,7 +149,7 @@ def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
     # A failing playbook: the action ends failed, membership stays as it was.
     response = http.post("/alerts", json=notification(alert("ScaleInPossible", "workers", "in", fingerprint="in1")))
     assert response.json()["decisions"][0]["outcome"] == "taken"
-    wait_for(lambda: load(state_file).in_flight is None, "the failing run to end")
+    wait_for(lambda: load(state_file).in_flight is None, "the failing run to end", timeout_s=240)
     ends = [r for r in read(settings.state_dir / "audit.jsonl") if r["event"] == "action_end"]
     assert [(e["result"], e["rc"]) for e in ends] == [("successful", 0), ("failed", 2)]
     assert load(state_file).worker_counts == {"gw-local": 2}
