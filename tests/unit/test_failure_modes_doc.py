@@ -21,6 +21,7 @@ import pytest
 from llmfleet.paths import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "failure-modes.md"
+README = REPO_ROOT / "README.md"
 DESIGN = REPO_ROOT.parent / "shared" / "DESIGN.md"
 ROWS = 15
 COVERAGE = ("covered", "partial", "not proven")
@@ -42,6 +43,10 @@ NODE_ID = re.compile(r"`([\w./-]+\.py)::(\w+(?:::\w+)?)(?:\[[^\]`]*\])?`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")
 COVERAGE_LINE = re.compile(r"^\*\*Coverage:\*\* ([^\n]+?)[ \t]*$", re.MULTILINE)
 DESIGN_ROW = re.compile(r"^\| (\d+) \|", re.MULTILINE)
+# The README's table: number, title linked to its section, where it is caught, coverage.
+README_ROW = re.compile(
+    r"^\| (\d+) \| \[([^\]]+)\]\(docs/failure-modes\.md#([^)]+)\) \| [^|\n]+ \| ([a-z ]+) \|$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,17 @@ def summary_problems(text: str, found: list[Section]) -> list[str]:
     return problems
 
 
+def readme_problems(readme: str, doc: str) -> list[str]:
+    """The README's failure table has the doc summary's rows: the same numbers, titles, anchors and coverage."""
+    summary = SUMMARY_ROW.findall(doc)
+    table = README_ROW.findall(readme)
+    if table == summary:
+        return []
+    numbers = [int(number) for number, *_ in table]
+    changed = [row[0] for row in summary if row not in table]
+    return [f"README rows {numbers}; rows that differ from docs/failure-modes.md's summary: {changed}"]
+
+
 def all_problems(text: str, doc_dir: Path, root: Path) -> list[str]:
     found = sections(text)
     problems = numbering_problems(found) + summary_problems(text, found)
@@ -174,6 +190,21 @@ def test_the_summary_table_lists_every_row_as_its_section_does() -> None:
     text = DOC.read_text()
     problems = summary_problems(text, sections(text))
     assert not problems, "docs/failure-modes.md:\n" + "\n".join(problems)
+
+
+def test_the_readme_table_lists_every_row_as_the_doc_does() -> None:
+    problems = readme_problems(README.read_text(), DOC.read_text())
+    assert not problems, problems
+
+
+def test_a_readme_row_whose_coverage_lags_the_doc_is_named() -> None:
+    doc = DOC.read_text()
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| 3 | ["))
+    assert row.endswith("| covered |"), row
+    stale = README.read_text().replace(row, row.replace("| covered |", "| partial |"))
+    assert readme_problems(stale, doc) == [
+        f"README rows {list(range(1, ROWS + 1))}; rows that differ from docs/failure-modes.md's summary: ['3']"
+    ]
 
 
 @pytest.mark.parametrize("number", range(1, ROWS + 1))
