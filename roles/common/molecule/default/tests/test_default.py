@@ -11,11 +11,13 @@ import re
 import pytest
 
 BASELINE_PACKAGES = ["ca-certificates", "curl", "gnupg", "htop", "jq", "lsof", "rsync"]
+# converge.yml: name -> (home, supplementary groups, GECOS)
 SERVICE_USERS = {
-    "vllm": "/var/lib/vllm",
-    "llmgateway": "/var/lib/llmgateway",
-    "llmworker": "/var/lib/llmworker",
+    "llmtestsvc": ("/srv/llmtestsvc", {"llmtest"}, "llmfleet test service"),
+    "llmtestplain": ("/var/lib/llmtestplain", set(), "llmfleet llmtestplain"),
 }
+# What older versions created by default: no llmfleet container runs as them.
+OLD_DEFAULT_ACCOUNTS = ["vllm", "llmgateway", "llmworker"]
 # converge.yml
 JOURNALD_LIMITS = {"SystemMaxUse": "256M", "SystemKeepFree": "512M", "MaxRetentionSec": "2weeks"}
 DROPIN = "/etc/systemd/journald.conf.d/50-llmfleet.conf"
@@ -49,20 +51,33 @@ def test_chronyd_answers_and_leaves_the_clock_alone(host):
     assert "pool " not in host.file("/etc/chrony/chrony.conf").content_string
 
 
-@pytest.mark.parametrize(("name", "home"), SERVICE_USERS.items())
-def test_service_user(host, name, home):
+@pytest.mark.parametrize(("name", "home", "groups", "comment"), [(name, *spec) for name, spec in SERVICE_USERS.items()])
+def test_service_user(host, name, home, groups, comment):
     user = host.user(name)
     assert user.exists
     assert user.shell == "/usr/sbin/nologin"
     assert user.home == home
     assert user.uid < 1000, "service users are system users"
     assert user.group == name
-    assert "llmfleet" in user.groups
+    assert set(user.groups) - {name} == groups
+    assert user.gecos == comment
     directory = host.file(home)
     assert directory.is_directory
     assert directory.user == name
     assert directory.group == name
     assert directory.mode == 0o750
+    # create_home: false, so no skeleton dotfiles.
+    assert host.run(f"ls -A {home}").stdout.strip() == ""
+
+
+@pytest.mark.parametrize("name", OLD_DEFAULT_ACCOUNTS)
+def test_no_account_is_created_by_default(host, name):
+    assert not host.user(name).exists
+    assert not host.file(f"/var/lib/{name}").exists
+
+
+def test_no_group_is_created_by_default(host):
+    assert not host.group("llmfleet").exists
 
 
 @pytest.mark.parametrize("name", SERVICE_USERS)

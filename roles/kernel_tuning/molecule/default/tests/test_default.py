@@ -4,7 +4,7 @@ The test host is a container: prepare.yml made its own System V shared-memory
 sysctls writable (they belong to the container's IPC namespace); every other
 key stays read-only, as Docker mounts /proc/sys. So the role must apply and
 read back the first kind, and persist-but-not-apply the second, marking them.
-converge.yml sets the huge pages, the extras and one more limits user.
+converge.yml sets the huge pages, the extras and the limits users.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SHM_RAM_FRACTION = 0.5  # the default
 NOFILE = (65536, 1048576)  # the defaults: soft, hard
 APPLIED = ["kernel.shmall", "kernel.shmmax", "kernel.shmmni"]
 NOT_APPLIED = ["fs.nr_open", "net.core.somaxconn", "vm.nr_hugepages", "vm.swappiness"]
-LIMITS_USERS = ["vllm", "llmgateway", "llmworker", "@llmtest"]
+LIMITS_USERS = ["llmtest", "@llmtest"]  # converge.yml
 
 
 @pytest.fixture(scope="module")
