@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import SITE_IN_ONE_BATCH, PlaybookRun, copy_lab_inventory, llmfleet_lab, run_playbook
+from tests.lab.helpers import (
+    LAB_TIMINGS,
+    SITE_IN_ONE_BATCH,
+    PlaybookRun,
+    copy_lab_inventory,
+    llmfleet_lab,
+    run_playbook,
+)
 
 
 @pytest.fixture(scope="session")
 def lab_inventory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     inventory = copy_lab_inventory(tmp_path_factory.mktemp("lab") / "inventory")
+    started = time.monotonic()
     up = llmfleet_lab(inventory, "up")
+    LAB_TIMINGS["llmfleet lab up"] = time.monotonic() - started
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         yield inventory

@@ -32,6 +32,8 @@ SITE_IN_ONE_BATCH = ("-e", "gpu_hosts_serial=100%", "-e", "engines_serial=100%")
 # Each playbook run's whole output, with every task's duration (profile_tasks),
 # so a slow or failed run can be read after the test, in CI too.
 PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
+# Seconds of the lab's own steps, for the provisioning report (test_second_run_changes_nothing).
+LAB_TIMINGS: dict[str, float] = {}
 # Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring.yml, moved to 10.78.0.0/24).
 PROMETHEUS = "http://10.78.0.30:9090"
 RECAP_LINE = re.compile(
