@@ -382,6 +382,8 @@ def describe(report: Report) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url is None:
+        raise LlmfleetError("give --url (the endpoint to load), or run `llmfleet bench compare`")
     if (args.rate is None) == (args.concurrency is None):
         raise LlmfleetError("give one of --rate (requests per second) or --concurrency (clients)")
     if (args.rate is not None and args.rate <= 0) or (args.concurrency is not None and args.concurrency < 1):
@@ -438,7 +440,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             " errors; with --peer-url, the same against a second endpoint and the ratio of the two."
         ),
     )
-    parser.add_argument("--url", required=True, help="base URL, e.g. http://10.77.0.10:8080")
+    # Required, but checked in run(): argparse would also demand it of `llmfleet bench compare`.
+    parser.add_argument("--url", help="base URL, e.g. http://10.77.0.10:8080 (required)")
     parser.add_argument("--token-file", help="a file holding the bearer token for --url (not for --peer-url)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: requests started per second")
@@ -476,3 +479,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
+    # `llmfleet bench compare` is a subcommand of this one. Imported here, not at the
+    # top: llmfleet.bench.compare imports this module.
+    from llmfleet.bench import compare
+
+    compare.register(parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND"))
