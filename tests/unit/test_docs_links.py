@@ -15,7 +15,8 @@ PAGES = sorted(
     [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"), *(REPO_ROOT / "roles").glob("*/README.md")]
 )
 # The README carries the alert table (generated, one row per rule); the rest of the detail lives in docs/.
-README_MAX_LINES = 180
+# Room for the three tables the issues asked the README to carry: alerts, known failures, headline figures.
+README_MAX_LINES = 205
 # [text](target) or [text](target "title"); images too. Not inside code.
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.MULTILINE | re.DOTALL)

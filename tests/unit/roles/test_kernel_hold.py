@@ -49,18 +49,6 @@ UBUNTU_2404 = {
     "kernel": "6.8.0-45-generic",
 }
 
-# BUG this test found, left to whoever owns roles/nvidia_driver/tasks (outside the change that added it):
-# "Hold the kernel with the driver" filters dpkg-query's lines with '^\\S+ installed$' inside a folded
-# (>-) block, where YAML keeps both backslashes and Jinja passes them on, so the regular expression asks
-# for a literal backslash and matches nothing: `hold` holds nothing on any host. The fix is one
-# backslash ('^\S+ installed$'); with it every test here passes. strict: the fix makes these fail as
-# XPASS until the marker goes with it.
-HOLD_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="nvidia_driver configure.yml: '^\\\\S+ installed$' in a >- block matches nothing, so hold holds nothing",
-)
-
 
 def _fake_dpkg(tmp_path: Path, states: dict[str, str]) -> Path:
     """FAKE dpkg-query and dpkg: package states from `states`; queries and new selections logged under tmp_path."""
@@ -138,7 +126,6 @@ def _configure(
     ],
     ids=["debian12", "ubuntu2204", "ubuntu2204-hwe", "ubuntu2404"],
 )
-@HOLD_BUG
 def test_hold_holds_the_running_flavours_kernel_and_headers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, facts: dict[str, Any], image: str, headers: str
 ) -> None:
@@ -149,7 +136,6 @@ def test_hold_holds_the_running_flavours_kernel_and_headers(
     assert sorted(held) == sorted([image, headers])
 
 
-@HOLD_BUG
 def test_hold_leaves_metapackages_that_are_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Headers removed but not purged (config-files): holding them would bring nothing back.
     states = {"linux-image-amd64": "installed", "linux-headers-amd64": "config-files"}
