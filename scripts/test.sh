@@ -77,13 +77,6 @@ molecule_scenarios() {
     if [[ " ${molecule_longest[*]} " != *" $role "* ]]; then echo "$scenario"; fi
   done
 }
-    if [[ " ${molecule_longest[*]} " == *" $role "* ]]; then echo "$scenario"; fi
-  done
-  for scenario in roles/*/molecule/*/molecule.yml; do
-    role=${scenario#roles/}; role=${role%%/*}
-    if [[ " ${molecule_longest[*]} " != *" $role "* ]]; then echo "$scenario"; fi
-  done
-}
 # Waits for one of molecule_roles' running scenarios (its log_of) to end and
 # reports it; a failure also prints its log's tail.
 molecule_reap() {
