@@ -51,15 +51,14 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmfleet.build.venvs import ensure_cached_venv, log_tail, run_logged
+from llmfleet.build.venvs import ensure_cached_venv, run_logged
 from llmfleet.errors import LlmfleetError
+from llmfleet.lab.local_server import wait_until_answering
 from llmfleet.lab.vllm_cpu import venv_key
 from llmfleet.paths import REPO_ROOT
 
@@ -254,18 +253,6 @@ def free_loopback_port() -> int:
         return port
 
 
-# Straight to the peer, whatever http_proxy says: it listens on this machine.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _answers_200(url: str) -> bool:
-    try:
-        with _DIRECT.open(url, timeout=5) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 def group_pids(group: int, proc: Path = Path("/proc")) -> set[int]:
     """The PIDs of the processes in process group `group` (field 5 of /proc/PID/stat)."""
     pids = set()
@@ -370,19 +357,7 @@ def start_peer(
     log.info("started %s (pid %d) on %s; log: %s", name, process.pid, url, log_path)
     health = url + spec.health_path
     try:
-        while not _answers_200(health):
-            if time.monotonic() - started > startup_timeout_s:
-                raise LlmfleetError(
-                    f"{name} (pid {process.pid}) did not answer {health} within {startup_timeout_s:.0f} s;"
-                    f" log {log_path}:\n{log_tail(log_path)}"
-                )
-            try:
-                returncode = process.wait(timeout=poll_interval_s)
-            except subprocess.TimeoutExpired:
-                continue
-            raise LlmfleetError(
-                f"{name} exited with code {returncode} before answering {health}; log {log_path}:\n{log_tail(log_path)}"
-            )
+        wait_until_answering(process, health, name, log_path, started, startup_timeout_s, poll_interval_s)
     except BaseException:
         peer.stop(grace_s=5.0)
         raise

@@ -30,14 +30,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmfleet.build.venvs import ensure_cached_venv, log_tail, run_logged, venv_python
+from llmfleet.build.venvs import ensure_cached_venv, run_logged, venv_python
 from llmfleet.errors import LlmfleetError
+from llmfleet.lab.local_server import wait_until_answering
 from llmfleet.paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -189,18 +188,6 @@ def kv_cache_tokens_from_log(text: str) -> int | None:
     return int(matches[-1].replace(",", "")) if matches else None
 
 
-# Straight to the server, whatever http_proxy says: it listens on this machine.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with _DIRECT.open(f"{url}/health", timeout=5) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 def start_server(
     model_dir: Path,
     port: int,
@@ -254,21 +241,8 @@ def start_server(
         model_name=served_model_name,
     )
     log.info("started vLLM (pid %d) on %s; log: %s", process.pid, url, log_path)
-    deadline = started + startup_timeout_s
     try:
-        while not _healthy(url):
-            if time.monotonic() > deadline:
-                raise LlmfleetError(
-                    f"vLLM (pid {process.pid}) was not healthy at {url} after {startup_timeout_s:.0f} s;"
-                    f" log {log_path}:\n{log_tail(log_path)}"
-                )
-            try:
-                returncode = process.wait(timeout=poll_interval_s)
-            except subprocess.TimeoutExpired:
-                continue
-            raise LlmfleetError(
-                f"vLLM exited with code {returncode} before becoming healthy; log {log_path}:\n{log_tail(log_path)}"
-            )
+        wait_until_answering(process, f"{url}/health", "vLLM", log_path, started, startup_timeout_s, poll_interval_s)
     except BaseException:
         server.stop(grace_s=10.0)
         raise
