@@ -7,7 +7,6 @@ subnet, so an operator's running lab (`scripts/lab.sh`) is left alone.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from llmfleet.bench.provisioning import RECAP_LINE
 from llmfleet.paths import REPO_ROOT
 from tests import tools
 from tests.tools import LLMFLEET, venv_tool
@@ -37,11 +37,6 @@ PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
 LAB_TIMINGS: dict[str, float] = {}
 # Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring.yml, moved to 10.78.0.0/24).
 PROMETHEUS = "http://10.78.0.30:9090"
-RECAP_LINE = re.compile(
-    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
 
 
 @dataclass(frozen=True)
