@@ -16,6 +16,10 @@ recipe builds a new tag and an unchanged one is reused, from the engine or from 
 archive, `<name>.ref` holds the newest reference and `<name>.tar` links to the
 newest archive: the lab inventory reads both, so it always names the build that
 matches this checkout.
+
+Each build prunes the older ones of the same image (prune_old_builds): only the
+newest KEEP_BUILDS tags and archives stay, so a machine that builds on every
+code change does not fill its disk.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ from llmfleet.paths import REPO_ROOT, cache_dir
 log = logging.getLogger(__name__)
 
 IMAGES_DIR = REPO_ROOT / "files" / "images"
+# Builds kept per image: this one and the one before, so going back and forth
+# between two checkouts (a branch and main, a clone under test) rebuilds nothing.
+KEEP_BUILDS = 2
+# The label a Dockerfile's build stage carries (LABEL BUILD_STAGE_LABEL=<name>):
+# the legacy builder leaves that stage behind as an untagged image per build.
+BUILD_STAGE_LABEL = "org.llmfleet.build-stage"
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,52 @@ def ensure_image(recipe: ImageRecipe) -> BuiltImage:
         _save(reference, archive)
     _replace(archive.with_name(f"{recipe.name}.ref"), lambda path: path.write_text(reference + "\n"))
     _replace(archive.with_name(f"{recipe.name}.tar"), lambda path: path.symlink_to(archive.name))
-    return BuiltImage(reference=reference, archive=archive)
+    built = BuiltImage(reference=reference, archive=archive)
+    prune_old_builds(recipe, built)
+    return built
+
+
+def prune_old_builds(recipe: ImageRecipe, current: BuiltImage) -> list[str]:
+    """Remove this recipe's archives, tags and build stages older than the newest KEEP_BUILDS; return them.
+
+    Builds are ordered by their archive's time, the current one made newest. A
+    tag a container still uses stays (docker refuses), with a warning.
+    """
+    os.utime(current.archive)
+    archives = sorted(
+        current.archive.parent.glob(f"{recipe.name}-*.tar"), key=lambda path: path.stat().st_mtime, reverse=True
+    )
+    kept_keys = {_build_key(path.stem) for path in archives[:KEEP_BUILDS]}
+    removed: list[str] = []
+    for path in archives[KEEP_BUILDS:]:
+        path.unlink(missing_ok=True)
+        removed.append(str(path))
+    listed = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", recipe.repository).stdout.split()
+    for reference in listed:
+        if _build_key(reference) not in kept_keys:
+            removed += _remove_image(reference)
+    stages = docker(
+        "image", "ls", "--quiet", "--filter", "dangling=true", "--filter", f"label={BUILD_STAGE_LABEL}={recipe.name}"
+    ).stdout.split()
+    # Newest first: the newest stage keeps the layer cache for the next build.
+    for image_id in stages[1:]:
+        removed += _remove_image(image_id)
+    if removed:
+        log.warning("pruned %d older build(s) of %s: %s", len(removed), recipe.repository, ", ".join(removed))
+    return removed
+
+
+def _build_key(name: str) -> str:
+    """The content key ending an archive's stem or an image's tag (`...-<key>`)."""
+    return name.rsplit("-", 1)[-1]
+
+
+def _remove_image(reference: str) -> list[str]:
+    result = docker("image", "rm", reference, check=False)
+    if result.returncode != 0:
+        log.warning("kept %s: %s", reference, result.stderr.strip())
+        return []
+    return [reference]
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> None:
@@ -180,4 +235,4 @@ def _build_command(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["RECIPES", "BuiltImage", "ImageRecipe", "ensure_image", "image_key"]
+__all__ = ["RECIPES", "BuiltImage", "ImageRecipe", "ensure_image", "image_key", "prune_old_builds"]
