@@ -29,7 +29,8 @@ syntax_check() {
     ansible-playbook -i "$inventory" playbooks/inventory_check.yml || return 1
   done
 }
-unit() { pytest -q tests/unit; }
+# Two processes, one per core: the slow unit tests each run an ansible-playbook or promtool.
+unit() { pytest -q --numprocesses 2 tests/unit; }
 # Scenarios run two at a time by default: much of each one is spent waiting on
 # containers and systemd, so two share a 2-core machine nearly for free.
 molecule_jobs=${LLMFLEET_MOLECULE_JOBS:-2}
