@@ -74,6 +74,9 @@ def test_a_killed_engine_core_fails_the_healthcheck_and_the_server_exits(tiny_mo
     # Docker restarts an exited container under these policies whatever its exit code; vLLM's
     # server exits 0 when its engine core dies, so `on-failure` would leave the engine down.
     assert defaults["vllm_restart_policy"] in ("always", "unless-stopped"), defaults["vllm_restart_policy"]
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
+    allowed = specs["argument_specs"]["main"]["options"]["vllm_restart_policy"]["choices"]
+    assert set(allowed) <= {"always", "unless-stopped"}, allowed
 
     port = free_loopback_port()
     server = vllm_cpu.start_server(
