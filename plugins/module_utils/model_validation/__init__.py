@@ -93,6 +93,7 @@ from .findings import (
     WEIGHTS_INDEX,
     Problem,
     _Findings,
+    _is_file,
     _join,
     _read_json,
 )
@@ -132,6 +133,10 @@ def check_model(
     if not Path(model_dir).is_dir():
         raise ValueError(f"model directory {model_dir} does not exist or is not a directory")
     findings = _Findings()
+    if _is_file(_join(model_dir, ADAPTER_CONFIG)) and not _is_file(_join(model_dir, CONFIG)):
+        # A LoRA adapter given as the model: say so once, not as a missing config, weights and tokenizer.
+        _adapter_as_model(model_dir, findings)
+        return _report(engine_version, findings, {}, [], None)
     fix: ConfigFix | None = None
     if config_fixes:
         fix = plan_config_fixes(model_dir, dict(config_fixes))
@@ -178,6 +183,16 @@ def check_model(
         ranks = [a["max_lora_rank"] for a in adapter_facts if a.get("max_lora_rank")]
         facts["max_lora_rank"] = max(ranks) if ranks else None
         facts["max_loras"] = len(adapter_facts)
+    return _report(engine_version, findings, facts, adapter_facts, fix)
+
+
+def _report(
+    engine_version: str,
+    findings: _Findings,
+    facts: dict[str, Any],
+    adapter_facts: list[dict[str, Any]],
+    fix: ConfigFix | None,
+) -> dict[str, Any]:
     return {
         "ok": not findings.problems,
         "engine_version": engine_version,
@@ -188,6 +203,20 @@ def check_model(
         "adapters": adapter_facts,
         "config_fix": fix.as_dict() if fix is not None else None,
     }
+
+
+def _adapter_as_model(model_dir: str, findings: _Findings) -> None:
+    adapter_config = _join(model_dir, ADAPTER_CONFIG)
+    parsed = _read_json(adapter_config, findings, "bad-adapter-config", "copy adapter_config.json again")
+    base = parsed.get("base_model_name_or_path") if isinstance(parsed, dict) else None
+    trained_on = f" trained on {base}" if isinstance(base, str) and base else ""
+    findings.problem(
+        "adapter-as-model",
+        adapter_config,
+        f"the model directory holds a LoRA adapter{trained_on}, not a model (adapter_config.json, no config.json)",
+        "give the base model's directory as the model, and list this directory under the engine's adapters"
+        " ({name, path}) to serve it",
+    )
 
 
 PLANNER_FACTS = ("layers", "attention_heads", "kv_heads", "head_dim", "dtype_bytes", "weights_bytes", "max_model_len")

@@ -576,3 +576,23 @@ def test_backup_names_never_collide(tmp_path: Path) -> None:
     assert first.endswith("config.json.orig-20261130T101500Z")
     Path(first).write_text("x")
     assert mv.backup_name(str(path), now).endswith("config.json.orig-20261130T101500Z-1")
+
+
+def test_an_adapter_given_as_the_model_is_named_as_one(pristine: Path, adapter: Path) -> None:
+    # Failure mode 2's other confusion: one problem that says what the directory is, not a missing
+    # config.json, weights and tokenizer.
+    report = mv.check_model(str(adapter))
+    problem = only_problem(report)
+    assert report["ok"] is False
+    assert problem["code"] == "adapter-as-model"
+    assert problem["file"] == str(adapter / mv.ADAPTER_CONFIG)
+    base = json.loads((adapter / mv.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    assert f"holds a LoRA adapter trained on {base}, not a model" in problem["message"]
+    assert "give the base model's directory as the model" in problem["fix"]
+
+
+def test_a_model_directory_with_an_adapter_beside_its_config_is_checked_as_a_model(model: Path, adapter: Path) -> None:
+    # A merged export may keep adapter_config.json beside config.json: it is a model, checked as one.
+    shutil.copy(adapter / mv.ADAPTER_CONFIG, model / mv.ADAPTER_CONFIG)
+    report = mv.check_model(str(model))
+    assert report["ok"] is True, report["problem_lines"]
