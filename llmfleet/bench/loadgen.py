@@ -309,14 +309,19 @@ async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
     return cpuuse.usage(before, cpuuse.snapshot())
 
 
-async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
-    """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
-    payload: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "ignore_eos": True}
-    if args.endpoint == "chat":
+def request_body(model: str, endpoint: str, max_tokens: int) -> bytes:
+    """The one request every run sends, as bytes (llmfleet/bench/locustfile.py sends the same)."""
+    payload: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "ignore_eos": True}
+    if endpoint == "chat":
         payload["messages"] = [{"role": "user", "content": PROMPT}]
     else:
         payload["prompt"] = PROMPT
-    body = json.dumps(payload).encode()
+    return json.dumps(payload).encode()
+
+
+async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
+    """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
+    body = request_body(args.model, args.endpoint, args.max_tokens)
     connections = args.concurrency or max(64, math.ceil(args.rate * 2))
     per_target = math.ceil(connections / len(bases))
     targets = [Target(base.rstrip("/") + PATHS[args.endpoint], body, headers, per_target) for base in bases]
@@ -479,8 +484,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
-    # `llmfleet bench compare` is a subcommand of this one. Imported here, not at the
-    # top: llmfleet.bench.compare imports this module.
-    from llmfleet.bench import compare
+    # `llmfleet bench compare` and `llmfleet bench locust` are subcommands of this one.
+    # Imported here, not at the top: llmfleet.bench.compare imports this module.
+    from llmfleet.bench import compare, locustrun
 
-    compare.register(parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND"))
+    commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    compare.register(commands)
+    locustrun.register(commands)
