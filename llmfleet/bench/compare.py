@@ -8,7 +8,9 @@ Paths, one after another in one command, against the same engines:
 - litellm: the LiteLLM proxy, pinned, in front of the engines;
 - vllm-router: vLLM's router, pinned, round robin over the engines;
 - gateway: our gateway, queue and workers at --gateway-url with the token
-  in --token-file (non-streaming), when a gateway URL is given.
+  in --token-file, when a gateway URL is given.
+With --stream every path is asked for server-sent events, and each row adds
+the time to first token (run the command with and without it for both).
 (llmfleet.bench.peers says how each peer is installed, configured and
 confined to --cpus.)
 
@@ -215,10 +217,11 @@ def _added_ms(value: float | None) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     """The printed table: a Markdown table, so it can go into docs/benchmarks.md as it is."""
+    streamed = any(row.report.ttft_p50_ms is not None for row in rows)
     lines = [
         "| path | offered | answered | throughput | vs direct | p50 | p95 | p99 | added p50 | errors"
-        " | path CPU ms/req | load generator CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | path CPU ms/req | load generator CPU ms/req |" + (" TTFT p50 | TTFT p95 |" if streamed else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if streamed else ""),
     ]
     for row in rows:
         report = row.report
@@ -228,6 +231,7 @@ def table(rows: Sequence[Row]) -> str:
             f" | {_cell(row.throughput_ratio, '.2f')} | {report.p50_ms:.0f} ms | {report.p95_ms:.0f} ms"
             f" | {report.p99_ms:.0f} ms | {_added_ms(row.added_p50_ms)} | {errors}"
             f" | {_cell(row.path_cpu_ms_per_request, '.2f')} | {row.load_generator_cpu_ms_per_request:.2f} |"
+            + (f" {_cell(report.ttft_p50_ms, '.0f')} ms | {_cell(report.ttft_p95_ms, '.0f')} ms |" if streamed else "")
         )
     return "\n".join(lines)
 
@@ -246,7 +250,12 @@ def result(args: argparse.Namespace, paths: list[str], rows: list[Row], argv: Se
         "versions": {name: peers.version(peers.PEERS[name]) for name in paths if name in peers.PEERS},
         "paths": paths,
         "rates": sorted({row.rate for row in rows}),
-        "window": {"warmup_s": args.warmup, "duration_s": args.duration, "max_tokens": args.max_tokens},
+        "window": {
+            "warmup_s": args.warmup,
+            "duration_s": args.duration,
+            "max_tokens": args.max_tokens,
+            "stream": args.stream,
+        },
         "rows": [{**asdict(row), "report": asdict(row.report)} for row in rows],
     }
 
@@ -325,6 +334,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--endpoint", choices=sorted(loadgen.PATHS), default="chat", help="API to call (default chat)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default 16)")
+    loadgen.add_stream_option(parser)
     parser.add_argument(
         "--workdir", default="out/bench/compare", help="the peers' logs and configs (default out/bench/compare)"
     )

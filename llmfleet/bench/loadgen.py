@@ -32,6 +32,10 @@ overhead by. Targets (--target-rps,
 --target-p95-ms) are reported as met or missed; the benchmark measures, it does
 not fail on speed. It fails (exit 1) only when it could not measure at all.
 
+--stream asks for server-sent events (`stream: true`, with the usage in the
+last event) and adds the time to first token: from when the request was due
+(or sent) to the first event that carries generated text, as p50/p95/p99.
+
 --cpu adds where the CPU went during each measured window (snapshots at its
 start and end): milliseconds per answer that arrived in it for each part of
 the stack on this machine, and how many cores were busy (llmfleet.bench.cpuuse; the
@@ -45,6 +49,7 @@ import asyncio
 import itertools
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -66,6 +71,10 @@ REQUEST_TIMEOUT_S = 60.0
 # close theirs after a few seconds (uvicorn: 5 s), and a request sent as the
 # server closes meets a reset.
 IDLE_REUSE_S = 2.0
+# In a stream, an event that carries generated text: a chat delta's or a
+# completion's non-empty "content" or "text" (the first chat event holds only
+# the role, with empty content).
+GENERATED_TEXT = re.compile(rb'"(?:content|text)":\s*"[^"]')
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Sample:
     done: float  # time.perf_counter() when its answer, or its error, came
     outcome: str  # "ok", an HTTP status such as "429", or an error class such as "ConnectError"
     completion_tokens: int = 0
+    first_token: float | None = None  # streams: time.perf_counter() of the first event with generated text
 
     @property
     def latency_s(self) -> float:
@@ -102,6 +112,10 @@ class Report:
     p95_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
+    # --stream only: time to first token of the answered requests, from when each was due (or sent).
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_p99_ms: float | None = None
     # --cpu only: CPU ms per answer in the window by part of the stack, and the
     # average number of busy cores (of `cores`) over the measured window.
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
@@ -133,6 +147,11 @@ def summarize(
     arrived = [sample for sample in samples if sample.outcome == "ok" and window_start <= sample.done < window_end]
     latencies = sorted(sample.latency_s * 1000 for sample in measured if sample.outcome == "ok")
     errors = Counter(sample.outcome for sample in measured if sample.outcome != "ok")
+    firsts = sorted(
+        (sample.first_token - sample.due) * 1000
+        for sample in measured
+        if sample.outcome == "ok" and sample.first_token is not None
+    )
     return Report(
         label=label,
         url=url,
@@ -150,6 +169,9 @@ def summarize(
         p95_ms=round(percentile(latencies, 95), 1),
         p99_ms=round(percentile(latencies, 99), 1),
         max_ms=round(latencies[-1], 1) if latencies else 0.0,
+        ttft_p50_ms=round(percentile(firsts, 50), 1) if firsts else None,
+        ttft_p95_ms=round(percentile(firsts, 95), 1) if firsts else None,
+        ttft_p99_ms=round(percentile(firsts, 99), 1) if firsts else None,
     )
 
 
@@ -163,10 +185,13 @@ class Target:
     the stack, a general-purpose async HTTP client spends about a core at
     100 req/s, which the stack under test then lacks. The request's bytes are
     built once; a response needs only its status, its body (Content-Length or
-    chunked) and whether the connection stays open.
+    chunked) and whether the connection stays open; with `stream`, also when
+    the first chunk with generated text arrived.
     """
 
-    def __init__(self, url: str, body: bytes, headers: dict[str, str], max_connections: int) -> None:
+    def __init__(
+        self, url: str, body: bytes, headers: dict[str, str], max_connections: int, stream: bool = False
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise LlmfleetError(f"{url}: give an http:// URL (the benchmark speaks plain HTTP/1.1)")
@@ -177,8 +202,10 @@ class Target:
         self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
         self.idle: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []  # (since, ...), newest last
         self.slots = asyncio.Semaphore(max_connections)
+        self.watch = GENERATED_TEXT if stream else None
 
-    async def post(self) -> tuple[int, bytes]:
+    async def post(self) -> tuple[int, bytes, float | None]:
+        """(status, body, when the first generated text arrived: streams only, else None)."""
         async with self.slots:
             while self.idle:
                 since, reader, writer = self.idle.pop()
@@ -191,10 +218,12 @@ class Target:
                     break  # the server closed it as we sent (its keep-alive timeout): a new one
             return await self._exchange(*await asyncio.open_connection(self.host, self.port))
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[int, bytes, float | None]:
         try:
             writer.write(self.request)
-            status, body, keep = await _read_response(reader)
+            status, body, keep, first = await _read_response(reader, self.watch)
         except BaseException:
             writer.close()
             raise
@@ -202,7 +231,7 @@ class Target:
             self.idle.append((time.monotonic(), reader, writer))
         else:
             writer.close()
-        return status, body
+        return status, body, first
 
     def close(self) -> None:
         for _since, _reader, writer in self.idle:
@@ -214,8 +243,16 @@ class ClosedBeforeAnswer(ConnectionError):
     """The connection ended before a response's head: the server did not answer the request."""
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """(status, body, keep-alive) of one HTTP/1.1 response."""
+async def _read_response(
+    reader: asyncio.StreamReader, watch: re.Pattern[bytes] | None = None
+) -> tuple[int, bytes, bool, float | None]:
+    """(status, body, keep-alive, first) of one HTTP/1.1 response.
+
+    first: time.perf_counter() when a chunk matching `watch` arrived, for the
+    first time; None without a match or a watch. An event split across two
+    chunks is seen when its second part arrives.
+    """
+    first = None
     try:
         raw = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as error:
@@ -232,11 +269,36 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
         chunks = []
         while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
             chunks.append(await reader.readexactly(size + 2))
+            if watch is not None and first is None and watch.search(chunks[-1]):
+                first = time.perf_counter()
         await reader.readuntil(b"\r\n")  # the empty trailer
         body = b"".join(chunk[:-2] for chunk in chunks)
     else:
         body = await reader.readexactly(int(fields.get("content-length", "0")))
-    return status, body, fields.get("connection") != "close"
+        if watch is not None and watch.search(body):
+            first = time.perf_counter()
+    return status, body, fields.get("connection") != "close", first
+
+
+def completion_tokens(body: bytes) -> int:
+    """usage.completion_tokens of a JSON answer; raises ValueError, KeyError or TypeError on another body."""
+    return int(json.loads(body)["usage"]["completion_tokens"])
+
+
+def streamed_completion_tokens(body: bytes) -> int:
+    """usage.completion_tokens of a stream's usage event (stream_options.include_usage); ValueError without one.
+
+    A stream that reports an error event, or ends without its usage, is not an answer.
+    """
+    for line in reversed(body.splitlines()):
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        event = json.loads(line[5:])
+        if "error" in event:
+            raise ValueError(f"the stream ended with an error: {event['error']}")
+        if event.get("usage"):
+            return int(event["usage"]["completion_tokens"])
+    raise ValueError("the stream holds no usage event")
 
 
 def sender(targets: list[Target]) -> Send:
@@ -244,9 +306,10 @@ def sender(targets: list[Target]) -> Send:
     turn = itertools.cycle(targets)
 
     async def send(due: float) -> Sample:
+        target = next(turn)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                status, body = await next(turn).post()
+                status, body, first = await target.post()
         except TimeoutError:
             return Sample(due, time.perf_counter(), "timeout")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
@@ -255,10 +318,10 @@ def sender(targets: list[Target]) -> Send:
         if status != 200:
             return Sample(due, done, str(status))
         try:
-            tokens = int(json.loads(body)["usage"]["completion_tokens"])
+            tokens = streamed_completion_tokens(body) if target.watch is not None else completion_tokens(body)
         except (ValueError, KeyError, TypeError):
             return Sample(due, done, "bad-body")
-        return Sample(due, done, "ok", tokens)
+        return Sample(due, done, "ok", tokens, first)
 
     return send
 
@@ -309,22 +372,27 @@ async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
     return cpuuse.usage(before, cpuuse.snapshot())
 
 
-def request_body(model: str, endpoint: str, max_tokens: int) -> bytes:
+def request_body(model: str, endpoint: str, max_tokens: int, stream: bool = False) -> bytes:
     """The one request every run sends, as bytes (llmfleet/bench/locustfile.py sends the same)."""
     payload: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "ignore_eos": True}
     if endpoint == "chat":
         payload["messages"] = [{"role": "user", "content": PROMPT}]
     else:
         payload["prompt"] = PROMPT
+    if stream:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
     return json.dumps(payload).encode()
 
 
 async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
     """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
-    body = request_body(args.model, args.endpoint, args.max_tokens)
+    stream = bool(getattr(args, "stream", False))
+    body = request_body(args.model, args.endpoint, args.max_tokens, stream)
     connections = args.concurrency or max(64, math.ceil(args.rate * 2))
     per_target = math.ceil(connections / len(bases))
-    targets = [Target(base.rstrip("/") + PATHS[args.endpoint], body, headers, per_target) for base in bases]
+    url_path = PATHS[args.endpoint]
+    targets = [Target(base.rstrip("/") + url_path, body, headers, per_target, stream) for base in bases]
     send = sender(targets)
     shown = " ".join(bases)
     window_start = time.perf_counter() + args.warmup
@@ -380,6 +448,11 @@ def describe(report: Report) -> str:
         f" p50 {report.p50_ms:.0f} ms, p95 {report.p95_ms:.0f} ms, p99 {report.p99_ms:.0f} ms,"
         f" max {report.max_ms:.0f} ms; errors: {errors}"
     )
+    if report.ttft_p50_ms is not None:
+        text += (
+            f"\n{'':8} time to first token: p50 {report.ttft_p50_ms:.0f} ms, p95 {report.ttft_p95_ms:.0f} ms,"
+            f" p99 {report.ttft_p99_ms:.0f} ms"
+        )
     if report.cores_busy is not None:
         parts = ", ".join(f"{part} {ms:.1f}" for part, ms in report.cpu_ms_per_request.items())
         text += f"\n{'':8} CPU ms per answered request: {parts}; {report.cores_busy:.2f} of {report.cores} cores busy"
@@ -435,6 +508,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_stream_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="ask for server-sent events (usage in the last one) and also report the time to first token",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "bench",
@@ -467,6 +548,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--endpoint", choices=sorted(PATHS), default="chat", help="API to call (default chat)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default 16)")
+    add_stream_option(parser)
     parser.add_argument("--label", default="target", help="name for --url in the report (default target)")
     parser.add_argument(
         "--peer-url",

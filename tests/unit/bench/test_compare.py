@@ -122,6 +122,17 @@ def test_the_table_shows_every_row_with_its_ratio_and_cpu() -> None:
     assert "| 24.0 req/s | 0.96 |" in lines[3] and "| +1 ms | 502 x2 | 0.74 | 0.50 |" in lines[3]
 
 
+def test_a_streamed_table_adds_time_to_first_token_and_a_plain_one_does_not() -> None:
+    rows = compare.with_ratios([_row("direct", 25, 25.0, 50.0, 80.0, 90.0), _row("gateway", 25, 25.0, 60, 90, 99)])
+    assert "TTFT" not in compare.table(rows)
+    rows[0].report.ttft_p50_ms, rows[0].report.ttft_p95_ms = 20.4, 31.0
+    rows[1].report.ttft_p50_ms, rows[1].report.ttft_p95_ms = 28.0, 40.6
+    lines = compare.table(rows).splitlines()
+    assert lines[0].endswith("| TTFT p50 | TTFT p95 |")
+    assert lines[1].count("|") == lines[0].count("|")
+    assert lines[2].endswith("| 20 ms | 31 ms |") and lines[3].endswith("| 28 ms | 41 ms |")
+
+
 def _args(**overrides: object) -> argparse.Namespace:
     values: dict[str, object] = {
         "engine_url": ["http://127.0.0.1:8001"],
@@ -136,6 +147,7 @@ def _args(**overrides: object) -> argparse.Namespace:
         "model": "tiny",
         "endpoint": "chat",
         "max_tokens": 16,
+        "stream": False,
         "workdir": "out/bench/compare",
         "out": "out/bench/compare.json",
         "json": False,

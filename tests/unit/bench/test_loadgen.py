@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import re
 import socket
 import struct
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.bench import cpuuse
+from llmfleet.bench import cpuuse, loadgen
 from llmfleet.bench.loadgen import (
     ClosedBeforeAnswer,
     Sample,
@@ -199,22 +201,22 @@ def test_nothing_answered_is_a_failure(capsys: pytest.CaptureFixture[str]) -> No
     assert "no request was answered" in captured.err
 
 
-def _parse(raw: bytes) -> tuple[int, bytes, bool]:
-    async def parse() -> tuple[int, bytes, bool]:
+def _parse(raw: bytes, watch: re.Pattern[bytes] | None = None) -> tuple[int, bytes, bool, float | None]:
+    async def parse() -> tuple[int, bytes, bool, float | None]:
         reader = asyncio.StreamReader()
         reader.feed_data(raw)
         reader.feed_eof()
-        return await _read_response(reader)
+        return await _read_response(reader, watch)
 
     return asyncio.run(parse())
 
 
 def test_responses_are_read_by_length_or_in_chunks() -> None:
     plain = b'HTTP/1.1 200 OK\r\ncontent-length: 9\r\ncontent-type: application/json\r\n\r\n{"a": 1}\n'
-    assert _parse(plain) == (200, b'{"a": 1}\n', True)
+    assert _parse(plain) == (200, b'{"a": 1}\n', True, None)
     chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     chunked += b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\n\r\n"
-    assert _parse(chunked) == (429, b"abcdefg", False)
+    assert _parse(chunked) == (429, b"abcdefg", False, None)
 
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
@@ -255,7 +257,7 @@ def test_a_kept_connection_the_server_closed_is_replaced_not_counted_as_an_error
         return answers, len(accepted)
 
     answers, connections = asyncio.run(main())
-    assert answers == [(200, b"{}")] * 3
+    assert answers == [(200, b"{}", None)] * 3
     assert connections == 3
 
 
@@ -307,3 +309,87 @@ def test_cpu_without_proc_is_refused_before_any_load(
     captured = capsys.readouterr()
     assert "--cpu reads" in captured.err and "drop --cpu" in captured.err
     assert "ConnectionRefusedError" not in captured.out
+
+
+# --- streams: --stream --------------------------------------------------------------------
+
+ROLE_EVENT = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TEXT_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":" sea"}}]}\n\n'
+USAGE_EVENT = b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def _chunked(*chunks: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
+
+
+def test_the_first_token_is_the_first_event_with_generated_text_not_the_role() -> None:
+    # The role event alone is no token; without a watch nothing is timed.
+    raw = _chunked(ROLE_EVENT, TEXT_EVENT, USAGE_EVENT, DONE_EVENT)
+    before = time.perf_counter()
+    status, body, keep, first = _parse(raw, loadgen.GENERATED_TEXT)
+    assert (status, keep) == (200, True)
+    assert first is not None and first >= before
+    assert body == ROLE_EVENT + TEXT_EVENT + USAGE_EVENT + DONE_EVENT
+    assert _parse(raw)[3] is None
+    assert _parse(_chunked(ROLE_EVENT, USAGE_EVENT, DONE_EVENT), loadgen.GENERATED_TEXT)[3] is None
+
+
+def test_a_streams_tokens_come_from_its_usage_event() -> None:
+    assert loadgen.streamed_completion_tokens(ROLE_EVENT + TEXT_EVENT + USAGE_EVENT + DONE_EVENT) == 2
+    with pytest.raises(ValueError, match="no usage event"):
+        loadgen.streamed_completion_tokens(ROLE_EVENT + TEXT_EVENT + DONE_EVENT)
+    failed = b'data: {"error":{"message":"engine failed","code":500}}\n\n'
+    with pytest.raises(ValueError, match="ended with an error"):
+        loadgen.streamed_completion_tokens(ROLE_EVENT + TEXT_EVENT + failed + DONE_EVENT)
+
+
+def test_stream_asks_for_events_with_the_usage_and_leaves_the_plain_body_alone() -> None:
+    plain = json.loads(loadgen.request_body("tiny", "chat", 8))
+    streamed = json.loads(loadgen.request_body("tiny", "chat", 8, stream=True))
+    assert "stream" not in plain
+    assert streamed == {**plain, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def _serve_stream(events: list[bytes], pause_s: float) -> asyncio.Server:
+    """A loopback server that answers every request with these events as chunks, pause_s apart."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                for event in events:
+                    await asyncio.sleep(pause_s)
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_a_streamed_run_reports_time_to_first_token_below_the_latency() -> None:
+    async def main() -> list[loadgen.Sample]:
+        server = await _serve_stream([ROLE_EVENT, TEXT_EVENT, TEXT_EVENT, USAGE_EVENT, DONE_EVENT], pause_s=0.02)
+        port = server.sockets[0].getsockname()[1]
+        body = loadgen.request_body("tiny", "chat", 2, stream=True)
+        target = Target(f"http://127.0.0.1:{port}/v1/chat/completions", body, {}, 2, stream=True)
+        async with server:
+            send = loadgen.sender([target])
+            samples = [await send(time.perf_counter()) for _ in range(4)]
+        target.close()
+        return samples
+
+    samples = asyncio.run(main())
+    assert [sample.outcome for sample in samples] == ["ok"] * 4
+    assert all(sample.completion_tokens == 2 for sample in samples)
+    # The text is the second of five events 20 ms apart: it comes well before the end.
+    assert all(s.first_token is not None and s.due < s.first_token < s.done - 0.03 for s in samples)
+    start, end = samples[0].due, samples[-1].done + 1
+    report = loadgen.summarize("x", "u", "rate", 1.0, samples, start, end)
+    assert report.ttft_p50_ms is not None and report.ttft_p99_ms is not None
+    assert 0 < report.ttft_p50_ms <= report.ttft_p99_ms < report.p50_ms
+    assert "time to first token: p50" in loadgen.describe(report)
+    assert loadgen.summarize("x", "u", "rate", 1.0, [], start, end).ttft_p50_ms is None

@@ -48,3 +48,26 @@ def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: 
     assert all(direct["cpu_ms_per_request"].get(part, 0) > 0 for part in ("engine API server", "engine core")), direct
     assert all(0 < measured["cores_busy"] <= measured["cores"] for measured in (gateway, direct))
     assert "CPU ms per answered request:" in result.stdout
+
+
+def test_bench_streams_through_the_gateway_and_direct_and_times_the_first_token(stack: Stack, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(stack.token("bench"))
+    token_file.chmod(0o600)
+    out = tmp_path / "bench.json"
+    command = [
+        *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--label", "gateway",
+        "--rate", "4", "--duration", "2", "--warmup", "0.5", "--max-tokens", "8", "--stream",
+        "--peer-url", stack.vllm.url, "--peer-label", "direct", "--out", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    gateway, direct = json.loads(out.read_text())["reports"]
+    for measured in (gateway, direct):
+        assert measured["requests"] > 0
+        assert measured["ok"] == measured["requests"], measured["errors"]
+        # The tokens come from each stream's usage event; the first token comes before the whole answer.
+        assert measured["completion_tokens"] == 8 * measured["ok"]
+        assert 0 < measured["ttft_p50_ms"] <= measured["ttft_p95_ms"] <= measured["ttft_p99_ms"]
+        assert measured["ttft_p50_ms"] < measured["p50_ms"]
+    assert result.stdout.count("time to first token: p50") == 2
