@@ -11,6 +11,9 @@ Paths, one after another in one command, against the same engines:
   in --token-file, when a gateway URL is given.
 With --stream every path is asked for server-sent events, and each row adds
 the time to first token (run the command with and without it for both).
+With --saturate N each path goes on past the ladder, each rate half again the
+last (the same steps for every path, so rows stay comparable), until it
+saturates (SATURATED) or N more rates have run.
 (llmfleet.bench.peers says how each peer is installed, configured and
 confined to --cpus.)
 
@@ -51,6 +54,11 @@ DEFAULT_RATES = "25,50,100,150"
 # The gateway-side parts of the stack as cpuuse names them: what the gateway
 # path adds between the load generator and the engines.
 GATEWAY_PARTS = ("gateway", "worker", "redis")
+# A path is saturated at a rate when it answers less than this share of it in
+# the window, or fails any request.
+SATURATED = 0.95
+# --saturate: each rate past the ladder is the last one times this.
+SATURATE_STEP = 1.5
 
 
 def parse_rates(text: str) -> list[float]:
@@ -182,26 +190,52 @@ async def measure_row(
     )
 
 
+def saturated(row: Row) -> bool:
+    """Whether the path fell behind at this row's rate: too few answers in the window, or any error."""
+    return row.report.throughput_rps < SATURATED * row.rate or bool(row.report.errors)
+
+
+def ladder(rates: list[float], extra: int, rows: list[Row]) -> list[float] | None:
+    """The rates left to run after `rows`: the ladder's, then up to `extra` more until saturated; None when done."""
+    if len(rows) < len(rates):
+        return rates[len(rows) :]
+    if len(rows) >= len(rates) + extra or (rows and saturated(rows[-1])):
+        return None
+    return [round(rates[-1] * SATURATE_STEP ** (len(rows) - len(rates) + 1), 1)]
+
+
+def run_ladder(args: argparse.Namespace, rates: list[float], load: Callable[[float], Row]) -> list[Row]:
+    """`load` at each rate of the ladder, then past it to saturation under --saturate."""
+    rows: list[Row] = []
+    while (left := ladder(rates, args.saturate, rows)) is not None:
+        rows.append(load(left[0]))
+    return rows
+
+
 def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: Path) -> list[Row]:
     """Every rate of the ladder through one path; a peer is started first and stopped after its last rate."""
     engines = [url.rstrip("/") for url in args.engine_url]
     if path == DIRECT:
-        return [asyncio.run(measure_row(args, path, rate, engines, {}, None)) for rate in rates]
+        return run_ladder(args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, {}, None)))
     if path == GATEWAY:
         headers = loadgen.read_token(args.token_file)
-        return [asyncio.run(measure_row(args, path, rate, [args.gateway_url], headers, None)) for rate in rates]
+        return run_ladder(
+            args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, [args.gateway_url], headers, None))
+        )
     peer = peers.start_peer(path, engines, args.model, workdir, cpus=args.cpus, litellm_workers=args.litellm_workers)
     try:
         print(f"compare: {path} up at {peer.url} after {peer.startup_s:.1f} s (pid {peer.pid})", flush=True)
-        rows = []
-        for rate in rates:
-            rows.append(asyncio.run(measure_row(args, path, rate, [peer.url], peer.headers, peer.pids)))
+
+        def load(rate: float) -> Row:
+            row = asyncio.run(measure_row(args, path, rate, [peer.url], peer.headers, peer.pids))
             if peer.process.poll() is not None:
                 raise LlmfleetError(
                     f"{path} exited with code {peer.process.returncode} during the run at {rate:g} req/s;"
                     f" log {peer.log_path}:\n{log_tail(peer.log_path)}"
                 )
-        return rows
+            return row
+
+        return run_ladder(args, rates, load)
     finally:
         peer.stop()
 
@@ -256,7 +290,9 @@ def result(args: argparse.Namespace, paths: list[str], rows: list[Row], argv: Se
             "max_tokens": args.max_tokens,
             "stream": args.stream,
         },
-        "rows": [{**asdict(row), "report": asdict(row.report)} for row in rows],
+        "saturated_share": SATURATED,
+        "saturate": args.saturate,
+        "rows": [{**asdict(row), "report": asdict(row.report), "saturated": saturated(row)} for row in rows],
     }
 
 
@@ -271,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
         raise LlmfleetError("--duration must be above 0 seconds and --warmup 0 or more")
     if args.litellm_workers < 1:
         raise LlmfleetError("--litellm-workers must be at least 1")
+    if args.saturate < 0:
+        raise LlmfleetError("--saturate must be 0 (the ladder only) or more rates past it")
     if args.cpus is not None:
         peers.parse_cpus(args.cpus)
     if not (cpuuse.PROC / "stat").is_file():
@@ -328,6 +366,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--litellm-workers", type=int, default=1, help="LiteLLM's uvicorn workers (default 1, as its docs advise)"
+    )
+    parser.add_argument(
+        "--saturate",
+        type=int,
+        default=0,
+        help=f"after the ladder, up to this many more rates, each {SATURATE_STEP:g} x the last, until the path"
+        f" answers under {SATURATED:.0%} of the offered rate or fails a request (default 0: the ladder only)",
     )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of each measured window (default 30)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each window (default 3)")

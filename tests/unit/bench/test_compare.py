@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,34 @@ def test_a_streamed_table_adds_time_to_first_token_and_a_plain_one_does_not() ->
     assert lines[2].endswith("| 20 ms | 31 ms |") and lines[3].endswith("| 28 ms | 41 ms |")
 
 
+def test_the_ladder_goes_on_past_its_rates_only_under_saturate_and_stops_at_saturation() -> None:
+    offered: list[float] = []
+
+    def keeps_up_to(limit: float) -> Callable[[float], Row]:
+        def load(rate: float) -> Row:
+            offered.append(rate)
+            return _row("gateway", rate, min(rate, limit), 50, 80, 90)
+
+        return load
+
+    rows = compare.run_ladder(_args(saturate=0), [10, 20], keeps_up_to(1000))
+    assert [row.rate for row in rows] == [10, 20]
+    # Half again each time: 30, 45, 67.5; saturated at 67.5 (60 answered of 67.5 offered), so no more.
+    rows = compare.run_ladder(_args(saturate=5), [10, 20], keeps_up_to(60))
+    assert [row.rate for row in rows] == [10, 20, 30, 45, 67.5]
+    assert [compare.saturated(row) for row in rows] == [False, False, False, False, True]
+    # The extra rates stop at --saturate even before saturation.
+    assert [row.rate for row in compare.run_ladder(_args(saturate=2), [10, 20], keeps_up_to(1000))] == [10, 20, 30, 45]
+
+
+def test_errors_or_falling_behind_mark_a_rate_saturated() -> None:
+    assert not compare.saturated(_row("direct", 100, 95.0, 50, 80, 90))
+    assert compare.saturated(_row("direct", 100, 94.9, 50, 80, 90))
+    failing = _row("direct", 100, 100.0, 50, 80, 90)
+    failing.report.errors = {"timeout": 1}
+    assert compare.saturated(failing)
+
+
 def _args(**overrides: object) -> argparse.Namespace:
     values: dict[str, object] = {
         "engine_url": ["http://127.0.0.1:8001"],
@@ -148,6 +177,7 @@ def _args(**overrides: object) -> argparse.Namespace:
         "endpoint": "chat",
         "max_tokens": 16,
         "stream": False,
+        "saturate": 0,
         "workdir": "out/bench/compare",
         "out": "out/bench/compare.json",
         "json": False,
@@ -175,6 +205,7 @@ def test_the_json_records_how_it_was_run_and_every_row(tmp_path: Path) -> None:
         ({"gateway_url": "http://127.0.0.1:1", "paths": "gateway"}, "needs --token-file"),
         ({"duration": 0.0}, "--duration must be above 0"),
         ({"litellm_workers": 0}, "--litellm-workers"),
+        ({"saturate": -1}, "--saturate must be 0"),
         ({"cpus": "1-0"}, "runs backwards"),
     ],
 )
