@@ -32,6 +32,9 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine core", ("VLLM::EngineCore",)),
     ("engine model process", ("VLLM::Worker",)),
     ("engine API server", ("vllm.entrypoints", "vllm serve")),
+    # The peers `llmfleet bench compare` starts from their venvs (llmfleet.bench.peers).
+    ("LiteLLM proxy", ("bin/litellm ",)),
+    ("vllm-router", ("vllm::router", "bin/vllm-router ")),  # it retitles itself once started
     ("docker", ("dockerd", "containerd", "docker-proxy", "runc")),
 )
 LOAD_GENERATOR = "load generator"

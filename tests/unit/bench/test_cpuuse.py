@@ -24,6 +24,11 @@ TICKS = cpuuse.CLOCK_TICKS
         ("VLLM::EngineCore", "engine core"),
         ("VLLM::Worker", "engine model process"),
         ("/usr/bin/containerd-shim-runc-v2 -namespace moby -id 4f2e", "docker"),
+        ("/root/.cache/llmfleet/venvs/litellm-1a2b/bin/python /root/.cache/llmfleet/venvs/litellm-1a2b/bin/litellm"
+         " --config out/bench/compare/litellm.yaml --host 127.0.0.1", "LiteLLM proxy"),
+        ("/root/.cache/llmfleet/venvs/router-3c4d/bin/python /root/.cache/llmfleet/venvs/router-3c4d/bin/vllm-router"
+         " --host 127.0.0.1 --port 41234 --worker-urls http://127.0.0.1:8000", "vllm-router"),
+        ("vllm::router", "vllm-router"),
         ("/usr/sbin/sshd -D", "other"),
     ],
 )
