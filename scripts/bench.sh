@@ -10,7 +10,8 @@
 #   4. the peers: `llmfleet bench compare` on the same engines, one path after
 #      another (direct, the LiteLLM proxy, vllm-router, our gateway) at a ladder
 #      of offered rates (LLMFLEET_BENCH_RATES, default 25,50,100,150) and on to
-#      saturation, without and then with streaming (time to first token),
+#      saturation, without and then with streaming (time to first token), and
+#      its plots (out/bench/plots-{plain,stream}/),
 #   5. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
 #      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
@@ -71,6 +72,7 @@ for mode in plain stream; do
   echo "--- peers ($mode): direct, LiteLLM, vllm-router and the gateway at $rates req/s, then to saturation"
   llmfleet bench compare "${engine_urls[@]}" --gateway-url "http://$address" --token-file "$workdir/token" \
     --rates "$rates" --saturate 3 --duration 20 "${streaming[@]}" --out "out/bench/compare-$mode.json"
+  llmfleet bench plot --from "out/bench/compare-$mode.json" --out-dir "out/bench/plots-$mode"
 done
 echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
 llmfleet bench planner --out out/bench/planner.json

@@ -566,11 +566,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
-    # `llmfleet bench compare`, `llmfleet bench locust` and `llmfleet bench planner` are subcommands of this one.
+    # `llmfleet bench compare`, `plot`, `locust` and `planner` are subcommands of this one.
     # Imported here, not at the top: llmfleet.bench.compare imports this module.
-    from llmfleet.bench import compare, locustrun, planner_accuracy
+    from llmfleet.bench import compare, locustrun, planner_accuracy, plots
 
     commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
     compare.register(commands)
+    plots.register(commands)
     locustrun.register(commands)
     planner_accuracy.register(commands)
