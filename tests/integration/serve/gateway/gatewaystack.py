@@ -57,6 +57,14 @@ def wait_for(
         time.sleep(interval_s)
 
 
+def bench_token_file(stack: Stack, tmp_path: Path) -> Path:
+    """A 0600 file holding a token of the bench tier, for `llmfleet bench --token-file`."""
+    path = tmp_path / "token"
+    path.write_text(stack.token("bench"))
+    path.chmod(0o600)
+    return path
+
+
 def http_status(url: str) -> int | None:
     try:
         return httpx.get(url, timeout=2, trust_env=False).status_code

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.serve.gateway.gatewaystack import Stack
+from tests.integration.serve.gateway.gatewaystack import Stack, bench_token_file
 from tests.tools import LLMFLEET
 
 
 def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: Stack, tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text(stack.token("bench"))
-    token_file.chmod(0o600)
+    token_file = bench_token_file(stack, tmp_path)
     out = tmp_path / "bench.json"
     command = [
         *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--label", "gateway",
@@ -51,9 +49,7 @@ def test_bench_accounts_for_every_request_through_the_gateway_and_direct(stack: 
 
 
 def test_bench_streams_through_the_gateway_and_direct_and_times_the_first_token(stack: Stack, tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text(stack.token("bench"))
-    token_file.chmod(0o600)
+    token_file = bench_token_file(stack, tmp_path)
     out = tmp_path / "bench.json"
     command = [
         *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--label", "gateway",

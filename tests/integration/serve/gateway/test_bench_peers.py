@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from llmfleet.bench import compare, loadgen, peers
-from tests.integration.serve.gateway.gatewaystack import Stack, serving
+from tests.integration.serve.gateway.gatewaystack import Stack, bench_token_file, serving
 from tests.tools import LLMFLEET
 
 pytestmark = pytest.mark.vllm
@@ -32,18 +32,11 @@ DURATION_S = 3.0
 MAX_TOKENS = 8
 
 
-def token_file(stack: Stack, tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text(stack.token("bench"))
-    path.chmod(0o600)
-    return path
-
-
 def test_compare_loads_every_path_on_the_real_engine_and_relates_each_to_direct(stack: Stack, tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     command = [
         *LLMFLEET, "bench", "compare", "--engine-url", stack.vllm.url,
-        "--gateway-url", stack.url, "--token-file", str(token_file(stack, tmp_path)),
+        "--gateway-url", stack.url, "--token-file", str(bench_token_file(stack, tmp_path)),
         "--rates", f"{RATE:g}", "--duration", f"{DURATION_S:g}", "--warmup", "1", "--max-tokens", str(MAX_TOKENS),
         "--workdir", str(tmp_path / "compare"), "--out", str(out),
     ]  # fmt: skip
@@ -112,7 +105,7 @@ class RecordingProxy(BaseHTTPRequestHandler):
 def test_locust_sends_the_request_bench_sends_through_the_gateway_and_counts_no_failures(
     stack: Stack, tmp_path: Path
 ) -> None:
-    token = token_file(stack, tmp_path)
+    token = bench_token_file(stack, tmp_path)
     seen: list[tuple[str, str | None, bytes]] = []
     with serving(RecordingProxy, upstream=stack.url, seen=seen, lock=threading.Lock()) as proxy:
         bench_command = [
