@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from tests.lab.helpers import (
     mint_token,
     on_host,
     run_playbook,
+    wait_for,
 )
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
@@ -200,14 +203,14 @@ def _engine_failures_met_by_workers() -> float:
     return total
 
 
-def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, facts_dir: Path, tmp_path: Path) -> None:
+@contextmanager
+def _gateway_traffic(tmp_path: Path) -> Iterator[Counter[int | str]]:
+    """Two clients sending chat completions through the gateway back to back while the block runs; their outcomes."""
     url = f"http://{GATEWAY_ADDRESS}:8080/v1/chat/completions"
     request = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32}
     # The lab's `bench` tier: two clients back to back can exceed the default tier's 600 requests a minute,
-    # and the restart outlasts a 10-minute token.
+    # and a restart can outlast a 10-minute token.
     headers = {"Authorization": f"Bearer {mint_token(tmp_path, '--tier', 'bench', '--ttl', '1h')}"}
-    engines = _engine_identity()
-    failures_before = _engine_failures_met_by_workers()
     outcomes: Counter[int | str] = Counter()
     stop = threading.Event()
 
@@ -228,11 +231,18 @@ def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, fact
     for thread in clients:
         thread.start()
     try:
-        run = run_playbook(lab_inventory, "engines.yml", "-e", "vllm_restart=true", facts=facts_dir)
+        yield outcomes
     finally:
         stop.set()
         for thread in clients:
             thread.join(180)
+
+
+def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, facts_dir: Path, tmp_path: Path) -> None:
+    engines = _engine_identity()
+    failures_before = _engine_failures_met_by_workers()
+    with _gateway_traffic(tmp_path) as outcomes:
+        run = run_playbook(lab_inventory, "engines.yml", "-e", "vllm_restart=true", facts=facts_dir)
     assert run.returncode == 0, run.output[-5000:]
     restarted = _engine_identity()
     assert all(restarted[engine] != engines[engine] for engine in engines), "an engine was not restarted"
@@ -242,6 +252,60 @@ def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, fact
     assert len(drained) == len(ENGINES) and "0" not in drained, run.output[-5000:]
     assert outcomes and set(outcomes) == {200}, f"requests failed during the rolling restart: {dict(outcomes)}"
     assert _engine_failures_met_by_workers() == failures_before, "a request reached an engine that was stopping"
+
+
+def _engine_up_per_worker(address: str, port: int) -> list[float]:
+    """Each worker's llmfleet_engine_up for the engine at address:port (1 admitted, 0 ejected or unhealthy)."""
+    values = []
+    for index in range(len(SERVICE_CONTAINERS) - 1):  # each worker's metrics port: worker_metrics_port + N - 1
+        text = httpx.get(f"http://{GATEWAY_ADDRESS}:{9400 + index}/metrics", timeout=10).text
+        pattern = rf'^llmfleet_engine_up{{engine="{re.escape(f"http://{address}:{port}")}"}} (\S+)$'
+        match = re.search(pattern, text, re.MULTILINE)
+        assert match, f"worker {index + 1} has no llmfleet_engine_up for {address}:{port}"
+        values.append(float(match.group(1)))
+    return values
+
+
+def _serves_its_model(address: str, port: int) -> bool:
+    try:
+        response = httpx.get(f"http://{address}:{port}/v1/models", timeout=5)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and "tiny" in response.text
+
+
+def test_a_crashed_engine_is_restarted_by_docker_while_the_workers_carry_its_requests(tmp_path: Path) -> None:
+    # Failure mode 14, Docker's part. The crash is real: SIGKILL to the engine core, found as the runbook says.
+    # The lab's CPU engines keep the core in the server's process, so the container ends at once, as it does on a
+    # GPU host seconds later when the server exits after its core (tests/integration/lab/test_engine_death.py);
+    # the role's restart policy must bring it back, and the workers must answer every request meanwhile.
+    host, name, port = "gpu2", "tiny", 8000
+    address, container = ENGINE_HOSTS[host], f"llmfleet-vllm-{name}"
+
+    def restarts() -> int:
+        return int(on_host(host, "docker", "inspect", "--format", "{{.RestartCount}}", container))
+
+    restarts_before = restarts()
+    cores = [line.split()[0] for line in on_host(host, "docker", "top", container, "-eo", "pid,args").splitlines()
+             if "VLLM::EngineCore" in line]
+    assert len(cores) == 1, cores
+    worker_saw_it_down = False
+
+    def back_and_admitted() -> bool:
+        nonlocal worker_saw_it_down
+        up = _engine_up_per_worker(address, port)
+        worker_saw_it_down |= 0.0 in up
+        return restarts() > restarts_before and _serves_its_model(address, port) and set(up) == {1.0}
+
+    with _gateway_traffic(tmp_path) as outcomes:
+        wait_for(lambda: outcomes[200] > 0, "the clients' first answer")
+        on_host(host, "kill", "-9", cores[0])
+        wait_for(back_and_admitted, f"{host}'s {name} engine restarted, serving and admitted again", timeout_s=360)
+        answered_before = outcomes[200]
+        wait_for(lambda: outcomes[200] > answered_before, "an answer after the engine came back")
+    assert restarts() == restarts_before + 1, "the engine crashed again after its restart"
+    assert worker_saw_it_down, "no worker ejected the dead engine"
+    assert set(outcomes) == {200}, f"requests failed while the engine was down: {dict(outcomes)}"
 
 
 def test_unservable_model_fails_before_any_change_and_engines_keep_serving(
