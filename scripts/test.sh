@@ -95,8 +95,10 @@ molecule_reap() {
 }
 # --durations: the slowest tests are named at the end of each log.
 integration() { pytest -q --durations=15 tests/integration; }
-# -rP: the scaling test's timings (also in out/test-logs/lab-scaler/timings.txt).
-lab() { pytest -q -rP --durations=15 tests/lab; }
+# -rfEP: failures and errors named in the short summary at the end (the tail CI prints),
+# and the passing tests' output, such as the scaling test's timings (also in
+# out/test-logs/lab-scaler/timings.txt).
+lab() { pytest -q -rfEP --durations=15 tests/lab; }
 
 stamp_lines() { while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done; }
 
