@@ -54,12 +54,21 @@ workdir=$(mktemp -d)
 trap 'rm -rf "$workdir"' EXIT
 docker exec "$gateway_host" cat /etc/llmfleet/gateway/jwt_secret >"$workdir/key"
 llmfleet token --sub bench --tier bench --models tiny --ttl 1h --secret-file "$workdir/key" >"$workdir/token"
+# The engines' API key, for the direct path and the peers: the workers' copy.
+engine_key=()
+peer_key=()
+if docker exec "$gateway_host" test -f /etc/llmfleet/worker/engine_api_key; then
+  docker exec "$gateway_host" cat /etc/llmfleet/worker/engine_api_key >"$workdir/engine_key"
+  engine_key=(--engine-key-file "$workdir/engine_key")
+  peer_key=(--peer-key-file "$workdir/engine_key")
+fi
 
 mkdir -p out/bench
 echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}"
 echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
-  --concurrency 32 --duration 20 "${engines[@]}" --peer-label direct --cpu --out out/bench/saturation.json "$@"
+  --concurrency 32 --duration 20 "${engines[@]}" "${peer_key[@]}" --peer-label direct --cpu \
+  --out out/bench/saturation.json "$@"
 echo "--- target: 100 req/s offered for 30 s through the gateway"
 llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
   --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"
@@ -70,7 +79,7 @@ for mode in plain stream; do
   streaming=()
   [ "$mode" = stream ] && streaming=(--stream)
   echo "--- peers ($mode): direct, LiteLLM, vllm-router and the gateway at $rates req/s, then to saturation"
-  llmfleet bench compare "${engine_urls[@]}" --gateway-url "http://$address" --token-file "$workdir/token" \
+  llmfleet bench compare "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" --token-file "$workdir/token" \
     --rates "$rates" --saturate 3 --duration 20 "${streaming[@]}" --out "out/bench/compare-$mode.json"
   llmfleet bench plot --from "out/bench/compare-$mode.json" --out-dir "out/bench/plots-$mode"
 done

@@ -215,14 +215,25 @@ def run_ladder(args: argparse.Namespace, rates: list[float], load: Callable[[flo
 def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: Path) -> list[Row]:
     """Every rate of the ladder through one path; a peer is started first and stopped after its last rate."""
     engines = [url.rstrip("/") for url in args.engine_url]
+    engine_auth = loadgen.read_token(args.engine_key_file, "--engine-key-file")
     if path == DIRECT:
-        return run_ladder(args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, {}, None)))
+        return run_ladder(
+            args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, engine_auth, None))
+        )
     if path == GATEWAY:
         headers = loadgen.read_token(args.token_file)
         return run_ladder(
             args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, [args.gateway_url], headers, None))
         )
-    peer = peers.start_peer(path, engines, args.model, workdir, cpus=args.cpus, litellm_workers=args.litellm_workers)
+    peer = peers.start_peer(
+        path,
+        engines,
+        args.model,
+        workdir,
+        cpus=args.cpus,
+        litellm_workers=args.litellm_workers,
+        engine_auth=engine_auth,
+    )
     try:
         print(f"compare: {path} up at {peer.url} after {peer.startup_s:.1f} s (pid {peer.pid})", flush=True)
 
@@ -360,6 +371,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--gateway-url", help="our gateway's base URL (the lab's), for the gateway path")
     parser.add_argument("--token-file", help="a file holding the bearer token for --gateway-url")
+    parser.add_argument(
+        "--engine-key-file",
+        help="a file holding the engines' API key (vLLM's --api-key), for the direct path and the peers",
+    )
     parser.add_argument(
         "--cpus",
         help="run each peer under `taskset -c CPUS` (e.g. 1 or 0-1): the cores the gateway side gets (default: all)",

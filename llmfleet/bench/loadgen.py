@@ -416,16 +416,17 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
     return report
 
 
-def read_token(path: str | None) -> dict[str, str]:
+def read_token(path: str | None, option: str = "--token-file") -> dict[str, str]:
     """The Authorization header from a token file (a file, so the token is never on a command line)."""
     if path is None:
         return {}
     try:
         token = Path(path).read_text().strip()
     except OSError as error:
-        raise LlmfleetError(f"--token-file: cannot read {path}: {error.strerror}") from None
+        raise LlmfleetError(f"{option}: cannot read {path}: {error.strerror}") from None
     if not token:
-        raise LlmfleetError(f"--token-file: {path} is empty; mint one with `llmfleet token --sub NAME ...`")
+        hint = "mint one with `llmfleet token --sub NAME ...`" if option == "--token-file" else "it holds no key"
+        raise LlmfleetError(f"{option}: {path} is empty; {hint}")
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -475,7 +476,8 @@ def run(args: argparse.Namespace) -> int:
     headers = read_token(args.token_file)
     reports = [asyncio.run(measure(args, args.label, [args.url], headers))]
     if args.peer_url:
-        reports.append(asyncio.run(measure(args, args.peer_label, args.peer_url, read_token(None))))
+        peer_headers = read_token(args.peer_key_file, "--peer-key-file")
+        reports.append(asyncio.run(measure(args, args.peer_label, args.peer_url, peer_headers)))
     result: dict[str, Any] = {"reports": [asdict(report) for report in reports]}
     main = reports[0]
     if args.rate is not None:
@@ -554,6 +556,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--peer-url",
         action="append",
         help="also load this endpoint after --url and report the ratio; repeat it to spread over several in turn",
+    )
+    parser.add_argument(
+        "--peer-key-file",
+        help="a file holding the bearer token for --peer-url (the engines' API key, when they take one)",
     )
     parser.add_argument("--peer-label", default="peer", help="name for --peer-url in the report (default peer)")
     parser.add_argument("--target-rps", type=float, default=100.0, help="throughput target (default 100)")

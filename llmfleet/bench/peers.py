@@ -168,8 +168,11 @@ def ensure_peer_venv(spec: PeerSpec) -> Path:
     return ensure_cached_venv(f"{spec.name}-{venv_key(spec.lock)}", spec.what, populate)
 
 
-def litellm_config(engines: Sequence[str], model: str, master_key: str) -> dict[str, Any]:
-    """The LiteLLM proxy's config: the engines as one model group named `model` (see the module docstring)."""
+def litellm_config(engines: Sequence[str], model: str, master_key: str, engine_key: str = "none") -> dict[str, Any]:
+    """The LiteLLM proxy's config: the engines as one model group named `model` (see the module docstring).
+
+    engine_key: the engines' API key, or "none" for engines that take none.
+    """
     return {
         "model_list": [
             {
@@ -177,7 +180,7 @@ def litellm_config(engines: Sequence[str], model: str, master_key: str) -> dict[
                 "litellm_params": {
                     "model": f"hosted_vllm/{model}",
                     "api_base": f"{engine.rstrip('/')}/v1",
-                    "api_key": "none",
+                    "api_key": engine_key,
                 },
             }
             for engine in engines
@@ -303,11 +306,16 @@ def start_peer(
     poll_interval_s: float = 0.5,
     venv: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
+    engine_auth: Mapping[str, str] | None = None,
 ) -> RunningPeer:
     """Start peer `name` in front of `engines` on a free loopback port; return once its health endpoint answers.
 
-    Its log (and LiteLLM's config, mode 0600: it holds the master key) go to
-    workdir. Fails fast if it exits, and after startup_timeout_s otherwise,
+    engine_auth is the engines' Authorization header, when they take an API
+    key: LiteLLM gets the key in its config, and vllm-router's clients send it
+    (the router passes a request's Authorization on to the engine).
+
+    Its log (and LiteLLM's config, mode 0600: it holds the master key and
+    the engines' key) go to workdir. Fails fast if it exits, and after startup_timeout_s otherwise,
     with the tail of its log; it is stopped on failure.
     """
     spec = PEERS[name]
@@ -323,12 +331,14 @@ def start_peer(
         config.touch(mode=0o600)
         config.chmod(0o600)
         # JSON is YAML: the config is data, written by the json module rather than by hand.
-        config.write_text(json.dumps(litellm_config(engines, model, master_key), indent=2) + "\n")
+        engine_key = (engine_auth or {}).get("Authorization", "").removeprefix("Bearer ") or "none"
+        config.write_text(json.dumps(litellm_config(engines, model, master_key, engine_key), indent=2) + "\n")
         command = litellm_command(venv, config, port, litellm_workers)
         env.update(LITELLM_ENV)
         headers["Authorization"] = f"Bearer {master_key}"
     else:
         command = router_command(venv, engines, port, free_loopback_port())
+        headers.update(engine_auth or {})
     log_path = workdir / f"{name}.log"
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()

@@ -41,6 +41,9 @@ ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
 # (inventories/lab/host_vars/gpu1.yml), gpu2 one.
 ENGINES = [("gpu1", "tiny", 8000), ("gpu1", "tiny-b", 8001), ("gpu2", "tiny", 8000)]
 LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/gpu_nodes.yml
+# The engines' API key (inventories/lab/group_vars/all/secrets.yml): LAB-ONLY, not a secret.
+LAB_ENGINE_KEY = "lab-only-not-a-secret-engine-key-7d3e52"
+ENGINE_AUTH = {"Authorization": f"Bearer {LAB_ENGINE_KEY}"}
 # The gateway host: the workers and the gateway run in its Docker engine.
 GATEWAY_HOST, GATEWAY_ADDRESS = "gw1", "10.78.0.10"
 SERVICE_CONTAINERS = ["llmfleet-gateway-1", "llmfleet-worker-1", "llmfleet-worker-2"]
@@ -50,6 +53,7 @@ LAB_SERVICE_SECRETS = [
     "lab-only-not-a-secret-jwt-key-0c71a9e4d2b85f36",
     "lab-only-not-a-secret-gateway-5e02",
     "lab-only-not-a-secret-worker-91b7",
+    LAB_ENGINE_KEY,
 ]
 
 
@@ -66,7 +70,7 @@ def _service_identity() -> dict[str, str]:
 
 
 def _post(address: str, port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(f"http://{address}:{port}{path}", json=body, timeout=60)
+    response = httpx.post(f"http://{address}:{port}{path}", json=body, headers=ENGINE_AUTH, timeout=60)
     response.raise_for_status()
     answer: dict[str, Any] = response.json()
     return answer
@@ -105,15 +109,27 @@ def test_engines_deployed_by_the_role_serve_completions(lab_inventory: Path) -> 
     _assert_engines_serve()
 
 
-def test_engine_token_is_a_secret_file_only(lab_inventory: Path) -> None:
+def test_engine_token_and_api_key_are_secret_files_only(lab_inventory: Path) -> None:
     for host, name, _ in ENGINES:
-        token_file = f"/etc/llmfleet/vllm/{name}/hf_token"
-        assert on_host(host, "stat", "-c", "%a %u", token_file).split() == ["400", "2000"]
         inspect = on_host(host, "docker", "inspect", f"llmfleet-vllm-{name}")
-        assert "/run/secrets/hf_token" in inspect
-        assert LAB_DUMMY_TOKEN not in inspect
-        assert LAB_DUMMY_TOKEN not in on_host(host, "docker", "logs", f"llmfleet-vllm-{name}")
-        assert LAB_DUMMY_TOKEN not in on_host(host, "ps", "auxww")
+        logs = on_host(host, "docker", "logs", f"llmfleet-vllm-{name}")
+        processes = on_host(host, "ps", "auxww")
+        for secret_file, value in (("hf_token", LAB_DUMMY_TOKEN), ("engine_api_key", LAB_ENGINE_KEY)):
+            path = f"/etc/llmfleet/vllm/{name}/{secret_file}"
+            assert on_host(host, "stat", "-c", "%a %u", path).split() == ["400", "2000"], path
+            assert f"/run/secrets/{secret_file}" in inspect
+            assert value not in inspect and value not in logs and value not in processes, (host, name, secret_file)
+
+
+def test_an_engine_refuses_v1_without_its_api_key(lab_inventory: Path) -> None:
+    # vLLM guards /v1 only: /health and /metrics stay open for Docker's healthcheck and Prometheus.
+    for host, _, port in ENGINES:
+        url = f"http://{ENGINE_HOSTS[host]}:{port}"
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-engine-key"}
+        assert httpx.get(f"{url}/v1/models", headers=wrong, timeout=10).status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers=ENGINE_AUTH, timeout=10).status_code == 200
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> None:
@@ -276,7 +292,7 @@ def _engine_up_per_worker(address: str, port: int) -> list[float]:
 
 def _serves_its_model(address: str, port: int) -> bool:
     try:
-        response = httpx.get(f"http://{address}:{port}/v1/models", timeout=5)
+        response = httpx.get(f"http://{address}:{port}/v1/models", headers=ENGINE_AUTH, timeout=5)
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and "tiny" in response.text

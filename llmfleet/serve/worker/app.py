@@ -114,7 +114,9 @@ class Worker:
         settings = self.settings
         self.client, self.blocking = redis_clients(settings)
         self.consumer = Consumer(self.client, self.blocking, settings.queue, self.id)
-        self.http = engine_session(settings.concurrency, settings.connect_timeout_s, settings.queue.request_timeout_s)
+        self.http = engine_session(
+            settings.concurrency, settings.connect_timeout_s, settings.queue.request_timeout_s, settings.engine_key()
+        )
         self.pool = EnginePool(
             settings.engines,
             self.http,

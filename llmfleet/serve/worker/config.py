@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmfleet.serve.queue.config import QueueSettings, RedisSettings, default_instance_id, refuse_secret_env
+from llmfleet.serve.queue.config import (
+    QueueSettings,
+    RedisSettings,
+    default_instance_id,
+    read_secret_file,
+    refuse_secret_env,
+)
 
 
 def _engine_url(value: str) -> str:
@@ -30,6 +37,8 @@ class WorkerSettings(BaseSettings):
 
     # Required: no default. A JSON list, e.g. ["http://10.0.0.5:8000","http://10.0.0.6:8000"].
     engines: tuple[EngineUrl, ...] = Field(min_length=1, description="vLLM OpenAI servers this worker calls")
+    # The engines' API key (vLLM's --api-key), sent as a bearer token on every engine request.
+    engine_key_file: Path | None = Field(default=None, description="file holding the engines' API key")
     id: str = Field(default_factory=lambda: default_instance_id("worker"), pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     concurrency: int = Field(default=32, ge=1, le=4096, description="engine requests in flight at once")
     retries: int = Field(default=2, ge=0, le=10, description="extra engine attempts on connection errors and 5xx")
@@ -57,9 +66,18 @@ class WorkerSettings(BaseSettings):
         """How often held entries are touched: well inside claim_idle_ms."""
         return self.queue.claim_idle_ms / 3000
 
+    def engine_key(self) -> str | None:
+        """The engines' API key from engine_key_file; None when the engines take none."""
+        if self.engine_key_file is None:
+            return None
+        return read_secret_file(self.engine_key_file, "LLMFLEET_WORKER_ENGINE_KEY_FILE")
+
     @classmethod
     def from_env(cls) -> WorkerSettings:
         refuse_secret_env("LLMFLEET_REDIS_", ("PASSWORD",))
+        refuse_secret_env("LLMFLEET_WORKER_", ("ENGINE_KEY",))
         settings = cls()  # type: ignore[call-arg]  # engines comes from the environment
-        settings.redis.password()  # read now: a bad secret file stops start-up, not the first request
+        # Read now: a bad secret file stops start-up, not the first request.
+        settings.redis.password()
+        settings.engine_key()
         return settings

@@ -129,6 +129,11 @@ def vllm_engine_problems(engine: Mapping[str, Any], reserved: Sequence[str], con
                 f"Engine {name}: {where} sets --port {value}; remove it: {bind}, published at"
                 f" vllm_publish_address on the engine's port ({engine.get('port')}): set the engine's port instead."
             )
+        elif dest == "api_key":
+            problems.append(
+                f"Engine {name}: {where} sets --api-key; remove it and give the key as vllm_api_key (from the vault):"
+                " the role mounts it as a file, while a flag shows in the host's process list."
+            )
         elif dest in reserved or (dest.startswith("no_") and dest[3:] in reserved):
             problems.append(
                 f"Engine {name}: {where} sets --{dest.removeprefix('no_')}; the role sets"

@@ -92,6 +92,13 @@ def test_litellm_gets_the_engines_as_one_model_group_with_a_master_key_and_nothi
     assert "callbacks" not in config["litellm_settings"] and "success_callback" not in config["litellm_settings"]
 
 
+def test_litellm_sends_the_engines_api_key_when_they_take_one() -> None:
+    keyless = peers.litellm_config(ENGINES, "tiny", "sk-bench-1")
+    keyed = peers.litellm_config(ENGINES, "tiny", "sk-bench-1", "the-engines-key")
+    assert {deployment["litellm_params"]["api_key"] for deployment in keyless["model_list"]} == {"none"}
+    assert {deployment["litellm_params"]["api_key"] for deployment in keyed["model_list"]} == {"the-engines-key"}
+
+
 def test_litellm_runs_one_uvicorn_worker_on_loopback(tmp_path: Path) -> None:
     command = peers.litellm_command(tmp_path / "venv", tmp_path / "c.yaml", 4000, 1)
     assert command[0] == str(tmp_path / "venv" / "bin" / "litellm")

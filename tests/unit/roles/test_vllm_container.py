@@ -111,12 +111,26 @@ def test_every_mount_is_read_only_and_the_token_is_mounted_when_given() -> None:
 
 # --- what preflight refuses before anything changes (vllm_engine_problems) ---------------------------
 
-RESERVED = ["model", "host", "port", "served_model_name", "enable_lora", "lora_modules", "max_loras", "max_lora_rank"]
+RESERVED = [
+    "model", "host", "port", "served_model_name", "enable_lora", "lora_modules", "max_loras", "max_lora_rank",
+    "api_key",
+]  # fmt: skip
 
 
 def _problems(**overrides: Any) -> list[str]:
     problems: list[str] = FILTERS.vllm_engine_problems(_engine(port=8101, **overrides), RESERVED, 8000)
     return problems
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"args": {"api_key": "a-key-on-the-command-line"}}, {"extra_args": ["--api-key", "a-key-on-the-command-line"]}],
+    ids=["args", "extra_args"],
+)
+def test_an_api_key_flag_is_refused_for_the_secret_file(overrides: dict[str, Any]) -> None:
+    problems = _problems(**overrides)
+    assert len(problems) == 1 and "--api-key" in problems[0] and "vllm_api_key" in problems[0], problems
+    assert "a-key-on-the-command-line" not in problems[0]
 
 
 def test_the_reserved_list_is_the_roles_own() -> None:
