@@ -139,6 +139,8 @@ def with_ratios(rows: list[Row]) -> list[Row]:
         if base is None or base.throughput_rps <= 0:
             continue
         row.throughput_ratio = round(row.report.throughput_rps / base.throughput_rps, 3)
+        if row.report.ok == 0:  # no answer, no latency: nothing was added to it
+            continue
         row.added_p50_ms = round(row.report.p50_ms - base.p50_ms, 1)
         row.added_p95_ms = round(row.report.p95_ms - base.p95_ms, 1)
         row.added_p99_ms = round(row.report.p99_ms - base.p99_ms, 1)
@@ -271,11 +273,16 @@ def table(rows: Sequence[Row]) -> str:
     for row in rows:
         report = row.report
         errors = ", ".join(f"{kind} x{count}" for kind, count in report.errors.items()) or "0"
+        # A row with no answer has no latency and no CPU per answer: its cells say "-", not 0 ms.
+        answered = report.ok > 0
+        latency = [f"{value:.0f} ms" if answered else "-" for value in (report.p50_ms, report.p95_ms, report.p99_ms)]
+        path_cpu = row.path_cpu_ms_per_request if answered else None
+        generator_cpu = row.load_generator_cpu_ms_per_request if answered else None
         lines.append(
             f"| {row.path} | {row.rate:g} req/s | {report.ok}/{report.requests} | {report.throughput_rps:.1f} req/s"
-            f" | {_cell(row.throughput_ratio, '.2f')} | {report.p50_ms:.0f} ms | {report.p95_ms:.0f} ms"
-            f" | {report.p99_ms:.0f} ms | {_added_ms(row.added_p50_ms)} | {errors}"
-            f" | {_cell(row.path_cpu_ms_per_request, '.2f')} | {row.load_generator_cpu_ms_per_request:.2f} |"
+            f" | {_cell(row.throughput_ratio, '.2f')} | {' | '.join(latency)}"
+            f" | {_added_ms(row.added_p50_ms)} | {errors}"
+            f" | {_cell(path_cpu, '.2f')} | {_cell(generator_cpu, '.2f')} |"
             + (f" {_cell(report.ttft_p50_ms, '.0f')} ms | {_cell(report.ttft_p95_ms, '.0f')} ms |" if streamed else "")
         )
     return "\n".join(lines)

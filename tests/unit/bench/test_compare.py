@@ -66,6 +66,8 @@ def test_bad_paths_are_refused_clearly(text: str, gateway_url: str | None, messa
 def _row(path: str, rate: float, throughput: float, p50: float, p95: float, p99: float) -> Row:
     report = Report(label=path, url="http://127.0.0.1:1", mode="rate", load=rate, duration_s=10.0)
     report.throughput_rps, report.p50_ms, report.p95_ms, report.p99_ms = throughput, p50, p95, p99
+    report.requests = int(rate * report.duration_s)
+    report.ok = int(throughput * report.duration_s)
     return Row(path, rate, report, None, 0.5, 0.05, {}, 1.0, 2)
 
 
@@ -121,6 +123,16 @@ def test_the_table_shows_every_row_with_its_ratio_and_cpu() -> None:
     assert len(lines) == 4
     assert lines[2].startswith("| direct | 25 req/s |") and "| - | 0.50 |" in lines[2]
     assert "| 24.0 req/s | 0.96 |" in lines[3] and "| +1 ms | 502 x2 | 0.74 | 0.50 |" in lines[3]
+
+
+def test_a_row_that_answered_nothing_shows_no_latency_and_no_cpu_per_answer() -> None:
+    # As LiteLLM at 150 req/s on the lab: every request timed out, so there is no latency to show or to compare.
+    rows = compare.with_ratios([_row("direct", 150, 150.0, 480.0, 1500.0, 2264.0), _row("litellm", 150, 0.0, 0, 0, 0)])
+    rows[1].report.errors = {"timeout": 1500}
+    rows[1].path_cpu_ms_per_request = 9700.0
+    assert (rows[1].throughput_ratio, rows[1].added_p50_ms) == (0.0, None)
+    line = compare.table(rows).splitlines()[3]
+    assert line == "| litellm | 150 req/s | 0/1500 | 0.0 req/s | 0.00 | - | - | - | - | timeout x1500 | - | - |"
 
 
 def test_a_streamed_table_adds_time_to_first_token_and_a_plain_one_does_not() -> None:
