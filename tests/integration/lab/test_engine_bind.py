@@ -34,6 +34,8 @@ def _verify(tmp_path: Path, server: vllm_cpu.VllmServer, address: str, tasks: li
         "vllm_publish_address": address,
         "vllm_client_hosts": ["localhost"],
         "vllm_ready_timeout": 10,
+        # The role's default: the session's engine takes no API key.
+        "vllm_api_key": "",
         "__vllm_plan": [{"name": "tiny", "port": port, "served_model_name": "tiny"}],
     }
     playbook = tmp_path / "verify.yml"
