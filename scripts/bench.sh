@@ -26,6 +26,17 @@
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given;
+# a misspelt step is refused before anything runs, not silently skipped.
+known_steps="saturation target peers pinned planner"
+steps=" ${LLMFLEET_BENCH_STEPS:-$known_steps} "
+for word in $steps; do
+  if [[ " $known_steps " != *" $word "* ]]; then
+    echo "bench: LLMFLEET_BENCH_STEPS names '$word', which is no step; the steps are: $known_steps" >&2
+    exit 2
+  fi
+done
+step() { [[ "$steps" == *" $1 "* ]]; }
 scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
@@ -70,9 +81,6 @@ if docker exec "$gateway_host" test -f /etc/llmfleet/worker/engine_api_key; then
 fi
 
 mkdir -p out/bench
-# LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given.
-steps=" ${LLMFLEET_BENCH_STEPS:-saturation target peers pinned planner} "
-step() { [[ "$steps" == *" $1 "* ]]; }
 echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}; steps:$steps"
 if step saturation; then
   echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
