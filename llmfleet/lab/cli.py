@@ -46,16 +46,16 @@ def _up(args: argparse.Namespace) -> int:
         for host in standin_hosts:
             hosts.deliver_archive(host, repository.archive, standins.HOST_PATH)
         # Their python_toolchain role installs from this wheelhouse with no index
-        # (inventories/lab/group_vars/all/gpu.yml names its cached path).
+        # (inventories/lab/group_vars/all/lab.yml names its cached path).
         wheelhouse.ensure_locked()
         # Their engines serve the tiny model from the vLLM-CPU image: the
         # model_staging and vllm roles read both from the cache
-        # (inventories/lab/group_vars/gpu_nodes.yml). The first image build
+        # (inventories/lab/group_vars/gpu_nodes/lab.yml). The first image build
         # takes several minutes; later runs reuse it.
         make_tiny_model(cache_dir() / "models" / "tiny")
         images.ensure_image(images.RECIPES["engine"])
     # The gateway and the workers run from the service image, delivered to the
-    # gateway hosts the same way (inventories/lab/group_vars/gateways.yml).
+    # gateway hosts the same way (inventories/lab/group_vars/gateways/lab.yml).
     images.ensure_image(images.RECIPES["service"])
     _print_status(lab)
     return 0

@@ -57,7 +57,7 @@ SERVER_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 # How the tests' engines run on a small shared machine (as the lab's do:
-# inventories/lab/group_vars/gpu_nodes.yml, where the vllm role adds the
+# inventories/lab/group_vars/gpu_nodes/lab.yml, where the vllm role adds the
 # multiprocessing setting to `uni` on a CPU engine). By default vLLM-CPU pins each
 # engine's compute thread to core 0, and runs the model in a second process
 # that busy-waits on shared memory for every step while the engine core
@@ -70,7 +70,7 @@ SERVING_ENV = {
     "OMP_NUM_THREADS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-# Tool calling as the lab's engines serve it (inventories/lab/group_vars/gpu_nodes.yml).
+# Tool calling as the lab's engines serve it (inventories/lab/group_vars/gpu_nodes/lab.yml).
 SERVING_ARGS = (
     "--distributed-executor-backend", "uni",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",

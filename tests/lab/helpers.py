@@ -35,7 +35,7 @@ SITE_IN_ONE_BATCH = ("-e", "gpu_hosts_serial=100%")
 PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
 # Seconds of the lab's own steps, for the provisioning report (test_second_run_changes_nothing).
 LAB_TIMINGS: dict[str, float] = {}
-# Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring.yml, moved to 10.78.0.0/24).
+# Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring/lab.yml, moved to 10.78.0.0/24).
 PROMETHEUS = "http://10.78.0.30:9090"
 
 

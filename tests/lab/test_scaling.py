@@ -11,7 +11,7 @@ request the gateway accepted is answered.
 The scaler runs on the build machine (the lab's lab_controller_address), not on
 mon1: it reaches the hosts through this machine's Docker engine, as every lab
 playbook does. The alert thresholds are the lab's
-(inventories/lab/group_vars/monitoring.yml). The workers' count is held
+(inventories/lab/group_vars/monitoring/lab.yml). The workers' count is held
 (min = max = 2): this scenario scales engine hosts, and the worker-bound
 decision is proven by promtool (tests/unit/roles/promtool/scaling.yml) and the
 scaler's own tests.
@@ -202,7 +202,7 @@ def scaler(
     """`llmfleet scaler serve` on the build machine, configured for the test lab, until the module ends."""
     shutil.rmtree(SCALER_LOGS, ignore_errors=True)
     (SCALER_LOGS / "state").mkdir(parents=True)
-    secrets = yaml.safe_load((lab_inventory / "group_vars" / "all" / "secrets.yml").read_text())
+    secrets = yaml.safe_load((lab_inventory / "group_vars" / "all" / "lab_secrets.yml").read_text())
     token_file = tmp_path_factory.mktemp("scaler") / "token"
     token_file.touch(mode=0o600)
     token_file.write_text(secrets["alertmanager_scaler_token"])

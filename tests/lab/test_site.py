@@ -40,14 +40,14 @@ ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
 # Each engine as (host, engine name, port): gpu1 runs two, one per "GPU group"
 # (inventories/lab/host_vars/gpu1.yml), gpu2 one.
 ENGINES = [("gpu1", "tiny", 8000), ("gpu1", "tiny-b", 8001), ("gpu2", "tiny", 8000)]
-LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/gpu_nodes.yml
-# The engines' API key (inventories/lab/group_vars/all/secrets.yml): LAB-ONLY, not a secret.
+LAB_DUMMY_TOKEN = "hf_llmfleet_lab_dummy_token_not_a_secret"  # inventories/lab/group_vars/all/lab_secrets.yml
+# The engines' API key (inventories/lab/group_vars/all/lab_secrets.yml): LAB-ONLY, not a secret.
 LAB_ENGINE_KEY = "lab-only-not-a-secret-engine-key-7d3e52"
 ENGINE_AUTH = {"Authorization": f"Bearer {LAB_ENGINE_KEY}"}
 # The gateway host: the workers and the gateway run in its Docker engine.
 GATEWAY_HOST, GATEWAY_ADDRESS = "gw1", "10.78.0.10"
 SERVICE_CONTAINERS = ["llmfleet-gateway-1", "llmfleet-worker-1", "llmfleet-worker-2"]
-# LAB-ONLY values (inventories/lab/group_vars/all/secrets.yml), which must
+# LAB-ONLY values (inventories/lab/group_vars/all/lab_secrets.yml), which must
 # still never show in `docker inspect` or the services' logs.
 LAB_SERVICE_SECRETS = [
     "lab-only-not-a-secret-jwt-key-0c71a9e4d2b85f36",

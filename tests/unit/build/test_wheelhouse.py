@@ -151,7 +151,7 @@ def _as_pins(requirements: list[str]) -> dict[str, str]:
 def test_the_lab_toolchain_pins_agree_with_the_lock_and_the_scenario() -> None:
     requirements = _pins_of(REPO_ROOT / "requirements" / "toolchain-lab.txt")
     lock = _pins_of(REPO_ROOT / "requirements" / "toolchain-lab.lock.txt")
-    inventory = yaml.safe_load((REPO_ROOT / "inventories" / "lab" / "group_vars" / "all" / "gpu.yml").read_text())
+    inventory = yaml.safe_load((REPO_ROOT / "inventories" / "lab" / "group_vars" / "all" / "lab.yml").read_text())
     converge = yaml.safe_load(
         (REPO_ROOT / "roles" / "python_toolchain" / "molecule" / "default" / "converge.yml").read_text()
     )
