@@ -26,11 +26,16 @@ WEATHER = {
     "function": {
         "name": "get_weather",
         "description": "The weather in a city",
+        # strict: the pinned vLLM pins the arguments to this schema only for a strict tool; otherwise a
+        # named tool_choice constrains the call's envelope alone, and a model with random weights then
+        # writes free JSON up to max_tokens (4 in 60 seeds did), which no parser can read as a call.
+        "strict": True,
         # An enum keeps the constrained arguments short, whatever a model with random weights prefers.
         "parameters": {
             "type": "object",
             "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
             "required": ["city"],
+            "additionalProperties": False,
         },
     },
 }
@@ -117,8 +122,8 @@ def test_a_tool_call_round_trip_is_accepted_and_relayed(sdk: OpenAI) -> None:
         max_tokens=200,
     )
     message = response.choices[0].message
-    # A named tool_choice makes vLLM constrain the output to the function's arguments: a real call comes
-    # back even from a model with random weights.
+    # A named tool_choice of a strict tool makes vLLM constrain the output to the function's arguments:
+    # a real call comes back even from a model with random weights.
     assert message.tool_calls, message
     call = message.tool_calls[0]
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
