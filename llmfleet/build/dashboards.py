@@ -117,8 +117,9 @@ def rows(release: Release) -> list[tuple[str, list[Panel]]]:
         ]),
         ("Queue", [
             Panel("Queue depth", "short",
-                  (Query("max by (lane) (llmfleet_queue_depth)", "queued + in flight {{lane}}"),
-                   Query("max by (lane) (llmfleet_queue_pending)", "delivered, not acknowledged {{lane}}"),
+                  (Query("max by (model, lane) (llmfleet_queue_depth)", "queued + in flight {{model}} {{lane}}"),
+                   Query("max by (model, lane) (llmfleet_queue_pending)",
+                         "delivered, not acknowledged {{model}} {{lane}}"),
                    Query("sum(llmfleet_gateway_waiting)", "clients waiting"))),
             Panel("Queue wait", "s", _quantiles("llmfleet_queue_wait_seconds")),
             Panel("Worker load", "percentunit",

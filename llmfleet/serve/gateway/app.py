@@ -52,7 +52,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         blocking = settings.redis.client(blocking_s=2.0, name=f"{settings.id}-replies")
         producer = Producer(client, settings.queue, settings.id)
         try:
-            await producer.ensure_groups()
+            await producer.ensure_groups(loaded)
         except RedisError as error:  # not fatal: /readyz says so until Redis answers
             log.warning("redis not reachable at start-up: %s", error)
         replies = ReplyListener(blocking, producer.reply_key)

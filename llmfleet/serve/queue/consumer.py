@@ -8,6 +8,11 @@ The life of one entry (see scripts.py for each step's atomicity):
 While a worker holds an entry it TOUCHes it every claim_idle/3 so that it never
 looks idle; a worker that dies stops touching, and after claim_idle_ms another
 worker's XAUTOCLAIM takes the entry over and BEGINs a new attempt.
+
+Each model has its own lanes (Keys.lane). A consumer reads only the models it
+follows (the worker's admitted engines serve them: follow()), so a job for a
+model none of this worker's engines serves stays queued, in its place, for a
+worker that can run it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import redis.asyncio as aioredis
 
 from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.jobs import Job, Result
-from llmfleet.serve.queue.keys import GROUP, Keys
+from llmfleet.serve.queue.keys import GROUP, LEGACY_MODEL, Keys
 from llmfleet.serve.queue.lanes import fair_turns
 from llmfleet.serve.queue.producer import ensure_groups, stream_rows
 from llmfleet.serve.queue.scripts import Scripts
@@ -40,6 +45,8 @@ class Entry:
     entry_id: str
     fields: dict[str, str]
     reclaimed: bool = False
+    # The model whose lane stream holds the entry (Keys.lane).
+    model: str = LEGACY_MODEL
 
     @property
     def request_id(self) -> str:
@@ -67,62 +74,114 @@ class Consumer:
         self.keys = Keys(settings.prefix)
         self.scripts = Scripts.register(client)
         self.worker_id = worker_id
-        self._cursors = dict.fromkeys(settings.lanes, "0-0")
+        self._cursors: dict[str, str] = {}
         # Entries this consumer has taken (take and wait_take): numbers the fair turns (lanes.fair_turns).
         self.taken = 0
+        # The models whose lanes it reads (follow), the legacy lanes while they exist (check_legacy),
+        # and every model whose groups it has made sure of (their depth is reported even when no
+        # engine of this worker serves them for a while).
+        self.models: tuple[str, ...] = ()
+        self.legacy = False
+        self.known: set[str] = set()
+        # Which followed model's stream a take reads first, in turn: one model's backlog cannot
+        # take every free slot each time.
+        self._first = 0
+
+    async def follow(self, models: Iterable[str]) -> None:
+        """Read the lanes of these models from now on, making sure of the groups of those new here."""
+        wanted = tuple(sorted(set(models)))
+        new = [model for model in wanted if model not in self.known]
+        if new:
+            await ensure_groups(self.client, self.keys, self.settings.lanes, new)
+            self.known.update(new)
+        self.models = wanted
+
+    async def check_legacy(self) -> bool:
+        """Whether the lanes every model shared before (Keys.lane) exist; while they do, they are read too."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for lane in self.settings.lanes:
+                pipe.exists(self.keys.lane(lane, LEGACY_MODEL))
+            found = any(await pipe.execute())
+        if found and not self.legacy:
+            # An older gateway made them with their group; a lane it never used may lack one.
+            await ensure_groups(self.client, self.keys, self.settings.lanes, [LEGACY_MODEL])
+            log.info("reading the lanes queued by an older gateway (%s:q:<lane>) too", self.keys.prefix)
+        self.legacy = found
+        return found
 
     async def ensure_groups(self) -> None:
-        await ensure_groups(self.client, self.keys, self.settings.lanes)
+        """Make the groups of every model this consumer knows again (Redis lost its data)."""
+        await ensure_groups(
+            self.client, self.keys, self.settings.lanes, [*self.known, *([LEGACY_MODEL] if self.legacy else [])]
+        )
 
-    def _lane_keys(self) -> list[str]:
-        return [self.keys.lane(lane) for lane in self.settings.lanes]
+    def _reading(self) -> tuple[str, ...]:
+        return self.models + ((LEGACY_MODEL,) if self.legacy else ())
+
+    def _stream_keys(self, models: tuple[str, ...]) -> list[str]:
+        """Lane by lane, highest first; within a lane, one stream per model."""
+        return [self.keys.lane(lane, model) for lane in self.settings.lanes for model in models]
 
     async def take(self, count: int) -> list[Entry]:
-        """Up to count new entries, highest lane first but for the fair turns, without blocking."""
+        """Up to count new entries of the followed models, highest lane first but for the fair turns.
+
+        Within a lane the models' streams are read in turn, starting with a different one each call.
+        """
+        models = self._reading()
+        if not models or count <= 0:
+            return []
         lanes = len(self.settings.lanes)
         turns = fair_turns(self.taken, count, self.settings.lower_lane_every, lanes)
-        args: list[Any] = [GROUP, self.worker_id, count, len(turns), lanes - 1]
+        self._first = (self._first + 1) % len(models)
+        args: list[Any] = [GROUP, self.worker_id, count, len(models), self._first, len(turns), lanes - 1]
         for turn in turns:
             args += [index + 1 for index in turn]
-        rows: list[list[Any]] = await self.scripts.take(keys=self._lane_keys(), args=args)
+        rows: list[list[Any]] = await self.scripts.take(keys=self._stream_keys(models), args=args)
         entries = []
-        for lane_index, entry_id, flat in rows:
+        for lane_index, model_index, entry_id, flat in rows:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            entries.append(Entry(self.settings.lanes[int(lane_index) - 1], entry_id, fields))
+            lane, model = self.settings.lanes[int(lane_index) - 1], models[int(model_index) - 1]
+            entries.append(Entry(lane, entry_id, fields, model=model))
         self.taken += len(entries)
         return entries
 
     async def wait_take(self, count: int, block_ms: int) -> list[Entry]:
-        """Block up to block_ms for new entries on any lane (used only when all lanes were empty)."""
-        streams: dict[Any, Any] = dict.fromkeys(self._lane_keys(), ">")
+        """Block up to block_ms for new entries on any followed lane (used only when all were empty)."""
+        models = self._reading()
+        if not models:
+            return []
+        where = {self.keys.lane(lane, model): (lane, model) for lane in self.settings.lanes for model in models}
+        streams: dict[Any, Any] = dict.fromkeys(where, ">")
         response = await self.blocking.xreadgroup(GROUP, self.worker_id, streams, count=count, block=block_ms)
-        lane_of = {self.keys.lane(lane): lane for lane in self.settings.lanes}
         entries = []
         for stream, rows in stream_rows(response):
+            lane, model = where[stream]
             for entry_id, fields in rows:
                 if fields:  # None/empty for an entry deleted while pending
-                    entries.append(Entry(lane_of[stream], entry_id, fields))
+                    entries.append(Entry(lane, entry_id, fields, model=model))
         self.taken += len(entries)
         return entries
 
     async def reclaim(self, count: int) -> list[Entry]:
-        """Take over up to count entries idle past claim_idle_ms (their worker is gone)."""
+        """Take over up to count entries of the followed models idle past claim_idle_ms (their worker is gone)."""
         entries: list[Entry] = []
         for lane in self.settings.lanes:
-            if len(entries) >= count:
-                break
-            response = await self.client.xautoclaim(
-                self.keys.lane(lane),
-                GROUP,
-                self.worker_id,
-                min_idle_time=self.settings.claim_idle_ms,
-                start_id=self._cursors[lane],
-                count=count - len(entries),
-            )
-            self._cursors[lane] = response[0]
-            for entry_id, fields in response[1]:
-                if fields:
-                    entries.append(Entry(lane, entry_id, fields, reclaimed=True))
+            for model in self._reading():
+                if len(entries) >= count:
+                    return entries
+                stream = self.keys.lane(lane, model)
+                response = await self.client.xautoclaim(
+                    stream,
+                    GROUP,
+                    self.worker_id,
+                    min_idle_time=self.settings.claim_idle_ms,
+                    start_id=self._cursors.get(stream, "0-0"),
+                    count=count - len(entries),
+                )
+                self._cursors[stream] = response[0]
+                for entry_id, fields in response[1]:
+                    if fields:
+                        entries.append(Entry(lane, entry_id, fields, reclaimed=True, model=model))
         return entries
 
     async def begin(self, request_id: str) -> Start:
@@ -173,7 +232,7 @@ class Consumer:
             self.keys.result(request_id),
             self.keys.job(request_id),
             reply or self.keys.reply("none"),
-            self.keys.lane(entry.lane),
+            self.keys.lane(entry.lane, entry.model),
             self.keys.concurrency(subject),
             self.keys.partial(request_id),
         ]
@@ -221,8 +280,8 @@ class Consumer:
     async def ack(self, entry: Entry) -> None:
         """Acknowledge and delete an entry that needs no answer (already answered, or expired)."""
         async with self.client.pipeline(transaction=False) as pipe:
-            pipe.xack(self.keys.lane(entry.lane), GROUP, entry.entry_id)
-            pipe.xdel(self.keys.lane(entry.lane), entry.entry_id)
+            pipe.xack(self.keys.lane(entry.lane, entry.model), GROUP, entry.entry_id)
+            pipe.xdel(self.keys.lane(entry.lane, entry.model), entry.entry_id)
             await pipe.execute()
 
     async def cancelled(self, request_ids: list[str]) -> set[str]:
@@ -237,14 +296,12 @@ class Consumer:
 
     async def touch(self, entries: Iterable[Entry], *, idle_ms: int = 0) -> int:
         """Reset (or, with a large idle_ms, hand back) the idle time of entries this worker still holds."""
-        by_lane: dict[str, list[str]] = {}
+        by_stream: dict[str, list[str]] = {}
         for entry in entries:
-            by_lane.setdefault(entry.lane, []).append(entry.entry_id)
+            by_stream.setdefault(self.keys.lane(entry.lane, entry.model), []).append(entry.entry_id)
         touched = 0
-        for lane, ids in by_lane.items():
-            count: int = await self.scripts.touch(
-                keys=[self.keys.lane(lane)], args=[GROUP, self.worker_id, idle_ms, *ids]
-            )
+        for stream, ids in by_stream.items():
+            count: int = await self.scripts.touch(keys=[stream], args=[GROUP, self.worker_id, idle_ms, *ids])
             touched += int(count)
         return touched
 
@@ -264,15 +321,23 @@ class Consumer:
             await pipe.execute()
         return await self.touch(entries, idle_ms=HAND_BACK_IDLE_MS)
 
-    async def depth(self) -> dict[str, tuple[int, int]]:
-        """lane -> (entries in the stream, entries delivered and not yet acknowledged)."""
+    async def depth(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(lane, model) -> (entries in the stream, entries delivered and not yet acknowledged).
+
+        For every model this consumer knows, followed now or not, and the legacy lanes while they exist.
+        """
+        streams = [
+            (lane, model)
+            for model in sorted(self.known) + ([LEGACY_MODEL] if self.legacy else [])
+            for lane in self.settings.lanes
+        ]
         async with self.client.pipeline(transaction=False) as pipe:
-            for lane in self.settings.lanes:
-                pipe.xlen(self.keys.lane(lane))
-                pipe.xpending(self.keys.lane(lane), GROUP)
+            for lane, model in streams:
+                pipe.xlen(self.keys.lane(lane, model))
+                pipe.xpending(self.keys.lane(lane, model), GROUP)
             values = await pipe.execute()
         out = {}
-        for index, lane in enumerate(self.settings.lanes):
+        for index, stream in enumerate(streams):
             pending = values[2 * index + 1]
-            out[lane] = (int(values[2 * index]), int(pending.get("pending", 0)) if isinstance(pending, dict) else 0)
+            out[stream] = (int(values[2 * index]), int(pending.get("pending", 0)) if isinstance(pending, dict) else 0)
         return out

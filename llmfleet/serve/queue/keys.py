@@ -10,15 +10,23 @@ import hashlib
 from dataclasses import dataclass
 
 GROUP = "workers"
+# The model of the lanes shared by every model before lanes were per model (Keys.lane).
+LEGACY_MODEL = ""
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str
 
-    def lane(self, lane: str) -> str:
-        """The stream of one priority lane; consumer group GROUP."""
-        return f"{self.prefix}:q:{lane}"
+    def lane(self, lane: str, model: str) -> str:
+        """The stream of one model's priority lane; consumer group GROUP.
+
+        Each model has its own lanes, so that a worker reads only the models its
+        engines serve. LEGACY_MODEL names the lanes every model shared before
+        (`<prefix>:q:<lane>`): workers read them while they exist, so that what an
+        older gateway queued is still served after an upgrade.
+        """
+        return f"{self.prefix}:q:{model}:{lane}" if model else f"{self.prefix}:q:{lane}"
 
     @property
     def dead_letter(self) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,18 +69,19 @@ class Admission:
     replay: str = ""
 
 
-async def ensure_groups(client: aioredis.Redis, keys: Keys, lanes: tuple[str, ...]) -> None:
-    """Create each lane stream and its consumer group (idempotent).
+async def ensure_groups(client: aioredis.Redis, keys: Keys, lanes: tuple[str, ...], models: Iterable[str]) -> None:
+    """Create each model's lane streams and their consumer group (idempotent).
 
     The group starts at 0, so entries queued before the first worker ever ran
     are delivered too.
     """
-    for lane in lanes:
-        try:
-            await client.xgroup_create(keys.lane(lane), GROUP, id="0", mkstream=True)
-        except ResponseError as error:
-            if "BUSYGROUP" not in str(error):
-                raise
+    for model in models:
+        for lane in lanes:
+            try:
+                await client.xgroup_create(keys.lane(lane, model), GROUP, id="0", mkstream=True)
+            except ResponseError as error:
+                if "BUSYGROUP" not in str(error):
+                    raise
 
 
 class Producer:
@@ -91,8 +93,8 @@ class Producer:
         self.gateway_id = gateway_id
         self.reply_key = self.keys.reply(gateway_id)
 
-    async def ensure_groups(self) -> None:
-        await ensure_groups(self.client, self.keys, self.settings.lanes)
+    async def ensure_groups(self, models: Iterable[str]) -> None:
+        await ensure_groups(self.client, self.keys, self.settings.lanes, models)
 
     async def admit(
         self,
@@ -106,17 +108,18 @@ class Producer:
     ) -> Admission:
         """Check depth, limits and the concurrency cap, and queue the job: one atomic step.
 
-        The depth cap is the job's lane's (QueueSettings.depth_cap): lower lanes leave headroom for higher ones.
+        The depth cap is the job's lane's (QueueSettings.depth_cap), counted over the job's model's lanes:
+        lower lanes leave headroom for higher ones, and one model's backlog does not refuse another's.
 
         idempotency: (the key's Redis key, the record to store under it once admitted). A key that already
         stands for a request answers "replay" with its record, and queues and charges nothing.
         """
         lanes = self.settings.lanes
         keys = [
-            self.keys.lane(job.lane),
+            self.keys.lane(job.lane, job.model),
             self.keys.job(job.id),
             self.keys.concurrency(job.subject),
-            *(self.keys.lane(lane) for lane in lanes),
+            *(self.keys.lane(lane, job.model) for lane in lanes),
             *(limit.key for limit in limits),
             *([idempotency[0]] if idempotency else []),
         ]
@@ -191,10 +194,11 @@ class Producer:
         state = await self.client.hgetall(self.keys.job(request_id))
         return {str(key): str(value) for key, value in state.items()}
 
-    async def depth(self) -> dict[str, int]:
+    async def depth(self, model: str) -> dict[str, int]:
+        """lane -> entries in one model's stream of that lane."""
         async with self.client.pipeline(transaction=False) as pipe:
             for lane in self.settings.lanes:
-                pipe.xlen(self.keys.lane(lane))
+                pipe.xlen(self.keys.lane(lane, model))
             lengths = await pipe.execute()
         return dict(zip(self.settings.lanes, (int(n) for n in lengths), strict=True))
 

@@ -8,7 +8,8 @@ entry was reclaimed) can never interleave inside it:
   concurrency cap, then XADD. All or nothing: a refused request leaves no
   trace and uses no quota.
 - TAKE (worker): XREADGROUP lane by lane, highest priority first, except the
-  fair turns (lanes.py) that go to a lower lane first.
+  fair turns (lanes.py) that go to a lower lane first; within a lane, the
+  streams of the models the worker follows, in turn.
 - BEGIN (worker): skip a request that is answered, cancelled or gone; count
   the attempt; dead-letter past max_attempts; make this attempt the owner
   (a fencing token) and return what an earlier attempt already streamed.
@@ -146,39 +147,48 @@ return out
 """
 )
 
-# KEYS: lane streams, highest priority first. ARGV: 1 group, 2 consumer, 3 count,
-#       4 fair turns F, 5 lanes per turn M, then F x M lane indexes (1-based): for each
-#       fair turn (lanes.fair_turns), the lower lanes to try, in order.
+# KEYS: the lane streams, lane by lane (highest priority first), each lane holding
+#       one stream per model (S streams). ARGV: 1 group, 2 consumer, 3 count,
+#       4 S, 5 which model's stream a lane reads first (0-based), 6 fair turns F,
+#       7 lanes per turn M, then F x M lane indexes (1-based): for each fair turn
+#       (lanes.fair_turns), the lower lanes to try, in order.
 # Each fair turn takes one entry from the first of its lanes with work; the
-# rest of count is taken highest lane first.
-# Returns {{lane index (1-based), entry id, {field, value, ...}}, ...}.
+# rest of count is taken highest lane first. A lane's streams are read in turn
+# from ARGV[5] on.
+# Returns {{lane index, model index (both 1-based), entry id, {field, value, ...}}, ...}.
 TAKE = """
 local out = {}
 local want = tonumber(ARGV[3])
-local function read(i, n)
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
+local per_lane, first = tonumber(ARGV[4]), tonumber(ARGV[5])
+local function read(lane, n)
   local got = 0
-  if r then
-    for _, e in ipairs(r[1][2]) do
-      table.insert(out, {i, e[1], e[2]})
-      got = got + 1
+  for k = 0, per_lane - 1 do
+    if got >= n then break end
+    local model = (first + k) % per_lane + 1
+    local key = KEYS[(lane - 1) * per_lane + model]
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - got, 'STREAMS', key, '>')
+    if r then
+      for _, e in ipairs(r[1][2]) do
+        table.insert(out, {lane, model, e[1], e[2]})
+        got = got + 1
+      end
     end
   end
   return got
 end
-local turns, per = tonumber(ARGV[4] or 0), tonumber(ARGV[5] or 0)
+local turns, per = tonumber(ARGV[6] or 0), tonumber(ARGV[7] or 0)
 for t = 0, turns - 1 do
   if want <= 0 then break end
   for j = 1, per do
-    if read(tonumber(ARGV[5 + t * per + j]), 1) > 0 then
+    if read(tonumber(ARGV[7 + t * per + j]), 1) > 0 then
       want = want - 1
       break
     end
   end
 end
-for i = 1, #KEYS do
+for lane = 1, #KEYS / per_lane do
   if want <= 0 then break end
-  want = want - read(i, want)
+  want = want - read(lane, want)
 end
 return out
 """

@@ -222,8 +222,7 @@ class Worker:
                 log.exception("%s failed", step.__name__)
 
     async def _first_contact(self) -> None:
-        """The consumer groups, then the first report; one step, so Redis going away between them is an outage too."""
-        await self.consumer.ensure_groups()
+        """The first report, which makes sure of the groups; one step with the outage handling."""
         await self._report()  # sets redis_ok: /readyz says ready from here on
 
     def _redis_down(self) -> None:
@@ -235,7 +234,8 @@ class Worker:
     def _free_slots(self) -> int:
         return self.settings.concurrency - len(self.inflight)
 
-    async def _take(self, free: int) -> list[Entry]:
+    async def _take(self, free: int, models: set[str]) -> list[Entry]:
+        await self.consumer.follow(models)
         entries = await self.consumer.take(free)
         return entries or await self.consumer.wait_take(free, self.settings.block_ms)
 
@@ -247,13 +247,14 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), 1.0)
                 continue
-            if not any(report.healthy for report in self.pool.reports()):
+            models = self.pool.served_models()
+            if not models:
                 # Taking work no engine can do would only make it wait here instead of in the queue.
                 await self.pool.wait_changed(self.settings.health_interval_s)
                 continue
             try:
                 entries = await self.outage.call(
-                    "taking work", functools.partial(self._take, free), give_up=self._is_draining
+                    "taking work", functools.partial(self._take, free, models), give_up=self._is_draining
                 )
             except RedisError as error:
                 if self.draining:  # the outage outlasted the loop: a drain takes nothing more
@@ -271,8 +272,10 @@ class Worker:
 
     async def _reclaim(self) -> None:
         free = self._free_slots()
-        if free <= 0 or self.draining or not any(report.healthy for report in self.pool.reports()):
+        models = self.pool.served_models()
+        if free <= 0 or self.draining or not models:
             return
+        await self.consumer.follow(models)
         entries = await self.consumer.reclaim(free)
         for entry in entries:
             if entry.request_id in self.inflight:  # our own entry, gone idle while Redis was away
@@ -331,9 +334,10 @@ class Worker:
             ttl_s=self.settings.queue.engine_stale_s,
             draining=self.draining,
         )
-        for lane, (length, pending) in (await self.consumer.depth()).items():
-            self.metrics.queue_depth.labels(lane).set(length)
-            self.metrics.queue_pending.labels(lane).set(pending)
+        await self.consumer.check_legacy()
+        for (lane, model), (length, pending) in (await self.consumer.depth()).items():
+            self.metrics.queue_depth.labels(lane, model).set(length)
+            self.metrics.queue_pending.labels(lane, model).set(pending)
         self.redis_ok = True
 
     # -- one request ----------------------------------------------------------

@@ -14,10 +14,10 @@ class WorkerMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         self.queue_depth = self.gauge(
-            "llmfleet_queue_depth", "Entries in a lane's stream (queued + in flight)", ["lane"]
+            "llmfleet_queue_depth", "Entries in one model's lane stream (queued + in flight)", ["lane", "model"]
         )
         self.queue_pending = self.gauge(
-            "llmfleet_queue_pending", "Entries delivered to a worker and not yet acknowledged", ["lane"]
+            "llmfleet_queue_pending", "Entries delivered to a worker and not yet acknowledged", ["lane", "model"]
         )
         self.inflight = self.gauge("llmfleet_worker_inflight", "Requests this worker is processing")
         self.capacity = self.gauge("llmfleet_worker_concurrency", "Requests this worker may process at once")

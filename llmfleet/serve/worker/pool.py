@@ -84,6 +84,11 @@ class EnginePool:
         tied = [engine for engine in candidates if engine.outstanding == least]
         return tied[next(self._turn) % len(tied)]
 
+    def served_models(self) -> set[str]:
+        """The models the admitted engines serve: the worker takes only their jobs."""
+        now = time.monotonic()
+        return {model for engine in self.engines if engine.admitted(now) for model in engine.models}
+
     def serves(self, model: str) -> bool:
         now = time.monotonic()
         return any(engine.admitted(now) and model in engine.models for engine in self.engines)

@@ -314,7 +314,9 @@ class Stack:
             # As the role runs it: /metrics and /readyz on their own listener.
             "LLMFLEET_GATEWAY_OPS_PORT": str(ops_port),
             "LLMFLEET_GATEWAY_ID": GATEWAY_ID,
-            "LLMFLEET_GATEWAY_MODELS": json.dumps({"tiny": str(self.vllm.model_dir)}),
+            # A stack's settings may name more models (engines for each: test_model_lanes.py).
+            "LLMFLEET_GATEWAY_MODELS": self.base_env.get("LLMFLEET_GATEWAY_MODELS")
+            or json.dumps({"tiny": str(self.vllm.model_dir)}),
             "LLMFLEET_GATEWAY_JWT_SECRET_FILE": str(self.secret_file),
             "LLMFLEET_GATEWAY_TIERS": json.dumps(
                 {

@@ -76,7 +76,7 @@ def chat_tokens(stack: Stack, messages: list[dict[str, Any]]) -> int:
 def running_on(client: redis.Redis, worker: Service) -> str | None:
     """The id of a request the worker is running now: its pending entries, then the job's state."""
     for lane in ("high", "normal", "low"):
-        stream = f"{PREFIX}:q:{lane}"
+        stream = f"{PREFIX}:q:tiny:{lane}"
         for pending in client.xpending_range(stream, "workers", "-", "+", 100, consumername=worker.name):
             for _entry_id, fields in client.xrange(stream, pending["message_id"], pending["message_id"]):
                 if client.hget(f"{PREFIX}:job:{fields['id']}", "state") == "running":
@@ -88,7 +88,7 @@ def in_flight(client: redis.Redis) -> str:
     """What Redis says is in flight: for a failing wait's message."""
     lines = []
     for lane in ("high", "normal", "low"):
-        stream = f"{PREFIX}:q:{lane}"
+        stream = f"{PREFIX}:q:tiny:{lane}"
         lines.append(f"{stream}: {client.xlen(stream)} entries, pending {client.xpending(stream, 'workers')}")
     return "\n".join(lines)
 
@@ -311,7 +311,7 @@ def test_models_probes_metrics_and_openapi(stack: Stack) -> None:
         assert 'llmfleet_gateway_requests_total{method="GET",route="/v1/models",status="200"}' in metrics
         assert ops.get("/v1/models", headers=stack.auth()).status_code == 404
     worker_metrics = stack.live_workers()[0].metrics()
-    assert 'llmfleet_queue_depth{lane="normal"}' in worker_metrics
+    assert 'llmfleet_queue_depth{lane="normal",model="tiny"}' in worker_metrics
     assert metric_value(worker_metrics, "llmfleet_engine_up", engine=stack.vllm.url) == 1
 
 
@@ -589,7 +589,7 @@ def test_redis_restarted_with_aof_loses_no_accepted_request(
     ids = [response.json()["id"] for response in accepted]
     # And one client waiting synchronously across the restart.
     waiting = Call(stack, CHAT, chat(max_tokens=LONG_TOKENS, ignore_eos=True), stack.auth())
-    lane = f"{PREFIX}:q:normal"
+    lane = f"{PREFIX}:q:tiny:normal"
     with stack.redis.client() as client:
         wait_for(
             lambda: client.xpending(lane, "workers")["pending"] == 13,

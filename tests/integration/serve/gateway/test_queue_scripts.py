@@ -73,7 +73,7 @@ async def admit(producer: Producer, queued: Job, limits: tuple[Limit, ...] = (),
 
 async def test_admission_counts_requests_per_minute_and_refuses_with_retry_after(client: aioredis.Redis) -> None:
     producer = Producer(client, QueueSettings(max_depth=100), "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     limit = Limit("subject", "requests", producer.keys.rate("sub", "alice", "req"), limit=2, cost=1)
     outcomes = [await admit(producer, job(), (limit,)) for _ in range(3)]
     assert [o.outcome for o in outcomes] == ["admitted", "admitted", "rate_limited"]
@@ -82,12 +82,12 @@ async def test_admission_counts_requests_per_minute_and_refuses_with_retry_after
     assert refused.refused_by == limit
     assert 1000 <= refused.retry_after_ms <= 120_000
     # A refused request leaves no trace: nothing queued, no job hash.
-    assert await client.xlen(producer.keys.lane("normal")) == 2
+    assert await client.xlen(producer.keys.lane("normal", "tiny")) == 2
 
 
 async def test_a_cost_above_the_limit_is_refused_for_good(client: aioredis.Redis) -> None:
     producer = Producer(client, QueueSettings(), "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     limit = Limit("tenant", "tokens", producer.keys.rate("tenant", "acme", "tok"), limit=100, cost=500)
     outcome = await admit(producer, job(), (limit,))
     assert outcome.outcome == "rate_limited" and outcome.refused_by == limit
@@ -95,7 +95,7 @@ async def test_a_cost_above_the_limit_is_refused_for_good(client: aioredis.Redis
 
 async def test_the_concurrency_cap_and_the_depth_cap(client: aioredis.Redis) -> None:
     producer = Producer(client, QUEUE, "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     assert [(await admit(producer, job(), cap=2)).outcome for _ in range(3)] == ["admitted", "admitted", "rate_limited"]
     # Finishing one (what DELIVER does: ZREM) frees a slot.
     first = (await client.zrange(producer.keys.concurrency("alice"), 0, 0))[0]
@@ -107,11 +107,11 @@ async def test_the_concurrency_cap_and_the_depth_cap(client: aioredis.Redis) -> 
 
 async def test_admitting_the_same_request_twice_queues_it_once(client: aioredis.Redis) -> None:
     producer = Producer(client, QueueSettings(), "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     queued = job()
     assert (await admit(producer, queued)).outcome == "admitted"
     assert (await admit(producer, queued)).outcome == "admitted"
-    assert await client.xlen(producer.keys.lane("normal")) == 1
+    assert await client.xlen(producer.keys.lane("normal", "tiny")) == 1
 
 
 async def _take_one(consumer: Consumer) -> Entry:
@@ -122,11 +122,13 @@ async def _take_one(consumer: Consumer) -> Entry:
 
 async def test_the_first_result_wins_and_the_second_is_a_duplicate(client: aioredis.Redis) -> None:
     producer = Producer(client, QUEUE, "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     queued = job()
     await admit(producer, queued)
     worker_a = Consumer(client, client, QUEUE, "a")
+    await worker_a.follow(["tiny"])
     worker_b = Consumer(client, client, QUEUE, "b")
+    await worker_b.follow(["tiny"])
     entry = await _take_one(worker_a)
     assert (await worker_a.begin(queued.id)).attempt == 1
     await asyncio.sleep(QUEUE.claim_idle_ms / 1000 + 0.05)
@@ -138,18 +140,20 @@ async def test_the_first_result_wins_and_the_second_is_a_duplicate(client: aiore
     assert stored is not None and stored.body == {"text": "b"}
     finals = [f for _, f in await client.xrange(queued.reply) if f["kind"] == "final"]
     assert len(finals) == 1
-    assert await client.xlen(producer.keys.lane("normal")) == 0  # acknowledged and deleted
+    assert await client.xlen(producer.keys.lane("normal", "tiny")) == 0  # acknowledged and deleted
     # A later delivery of the same entry finds it answered and only acknowledges it.
     assert (await worker_a.begin(queued.id)).outcome == "done"
 
 
 async def test_a_stale_attempt_is_fenced_off_a_stream(client: aioredis.Redis) -> None:
     producer = Producer(client, QUEUE, "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     queued = job(stream=True)
     await admit(producer, queued)
     worker_a = Consumer(client, client, QUEUE, "a")
+    await worker_a.follow(["tiny"])
     worker_b = Consumer(client, client, QUEUE, "b")
+    await worker_b.follow(["tiny"])
     entry = await _take_one(worker_a)
     await worker_a.begin(queued.id)
     assert await worker_a.chunk(queued, 1, 1, "Hello", 1, ['{"n":1}']) == 1
@@ -162,7 +166,7 @@ async def test_a_stale_attempt_is_fenced_off_a_stream(client: aioredis.Redis) ->
     # The old attempt may neither add chunks nor answer, nor acknowledge the entry.
     assert await worker_a.chunk(queued, 1, 2, " world", 1, ['{"n":2}']) == -1
     assert await worker_a.deliver(entry, queued, 1, Result(200, {}), fenced=True) == -1
-    assert await client.xlen(producer.keys.lane("normal")) == 1
+    assert await client.xlen(producer.keys.lane("normal", "tiny")) == 1
     assert await worker_b.chunk(queued, 2, 1, ", world", 1, ['{"n":2}']) == 2
     assert await worker_b.deliver(reclaimed, queued, 2, Result(200, {}), fenced=True) == 1
     chunks = [f for _, f in await client.xrange(queued.reply) if f["kind"] == "chunk"]
@@ -171,10 +175,11 @@ async def test_a_stale_attempt_is_fenced_off_a_stream(client: aioredis.Redis) ->
 
 async def test_after_max_attempts_the_entry_is_dead_lettered_with_the_reason(client: aioredis.Redis) -> None:
     producer = Producer(client, QUEUE, "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     queued = job()
     await admit(producer, queued)
     worker = Consumer(client, client, QUEUE, "w")
+    await worker.follow(["tiny"])
     entry = await _take_one(worker)
     for attempt in (1, 2):
         assert (await worker.begin(queued.id)).attempt == attempt  # and then the worker "dies"
@@ -188,15 +193,17 @@ async def test_after_max_attempts_the_entry_is_dead_lettered_with_the_reason(cli
     assert json.loads(letter["job"])["id"] == queued.id
     stored = await producer.result(queued.id)
     assert stored is not None and stored.status == 502
-    assert await client.xlen(producer.keys.lane("normal")) == 0
+    assert await client.xlen(producer.keys.lane("normal", "tiny")) == 0
 
 
 async def test_touch_keeps_only_own_entries_alive_and_hand_back_frees_them_at_once(client: aioredis.Redis) -> None:
     producer = Producer(client, QUEUE, "gw")
-    await producer.ensure_groups()
+    await producer.ensure_groups(["tiny"])
     await admit(producer, job())
     worker_a = Consumer(client, client, QUEUE, "a")
+    await worker_a.follow(["tiny"])
     worker_b = Consumer(client, client, QUEUE, "b")
+    await worker_b.follow(["tiny"])
     entry = await _take_one(worker_a)
     await asyncio.sleep(QUEUE.claim_idle_ms / 1000 + 0.05)
     assert await worker_a.touch([entry]) == 1  # idle reset: not reclaimable now
@@ -205,5 +212,5 @@ async def test_touch_keeps_only_own_entries_alive_and_hand_back_frees_them_at_on
     [taken] = await worker_b.reclaim(1)
     assert taken.entry_id == entry.entry_id
     assert await worker_a.touch([entry]) == 0  # no longer a's: a's heartbeat leaves it alone
-    pending = await client.xpending_range(producer.keys.lane("normal"), GROUP, "-", "+", 10)
+    pending = await client.xpending_range(producer.keys.lane("normal", "tiny"), GROUP, "-", "+", 10)
     assert [p["consumer"] for p in pending] == ["b"]

@@ -6,7 +6,9 @@ The gateway's side connects as the `gateway` ACL user and the worker's as
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -42,13 +44,13 @@ async def clients(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[di
             await client.aclose()
 
 
-def job(lane: str) -> Job:
+def job(lane: str, model: str = "tiny") -> Job:
     now = now_ms()
     return Job(
         id=secrets.token_hex(16),
         kind="completion",
-        model="tiny",
-        payload={"model": "tiny", "prompt": "hi", "max_tokens": 4},
+        model=model,
+        payload={"model": model, "prompt": "hi", "max_tokens": 4},
         stream=False,
         reply=f"{PREFIX}:reply:gw",
         subject=f"user-{lane}",
@@ -62,14 +64,17 @@ def job(lane: str) -> Job:
     )
 
 
-async def admit(producer: Producer, lane: str) -> Admission:
-    return await producer.admit(job(lane), mode="sync", limits=(), concurrency_cap=0, lease_ms=60_000)
+async def admit(producer: Producer, lane: str, model: str = "tiny") -> Admission:
+    return await producer.admit(job(lane, model), mode="sync", limits=(), concurrency_cap=0, lease_ms=60_000)
 
 
-async def started(settings: QueueSettings, clients: dict[str, aioredis.Redis]) -> tuple[Producer, Consumer]:
+async def started(
+    settings: QueueSettings, clients: dict[str, aioredis.Redis], models: tuple[str, ...] = ("tiny",)
+) -> tuple[Producer, Consumer]:
     producer = Producer(clients["gateway"], settings, "gw")
+    await producer.ensure_groups(["tiny", "other"])
     consumer = Consumer(clients["worker"], clients["worker"], settings, "worker-1")
-    await consumer.ensure_groups()
+    await consumer.follow(models)
     return producer, consumer
 
 
@@ -85,7 +90,7 @@ async def test_a_full_low_lane_does_not_refuse_a_high_request(clients: dict[str,
     high = [await admit(producer, "high") for _ in range(3)]
     assert [a.outcome for a in high] == ["admitted", "admitted", "queue_full"]
     assert high[1].depth == 10 and high[2].depth == 10
-    assert await producer.depth() == {"high": 2, "normal": 2, "low": 6}
+    assert await producer.depth("tiny") == {"high": 2, "normal": 2, "low": 6}
 
 
 async def test_under_a_continuous_high_backlog_a_low_job_is_taken_within_the_bound(
@@ -106,7 +111,7 @@ async def test_under_a_continuous_high_backlog_a_low_job_is_taken_within_the_bou
     # Turn 1 (entry 5) tries normal, then low: the low job goes then, and high takes every other entry.
     assert lanes[:5] == ["high"] * 4 + ["low"]
     assert set(lanes[5:]) == {"high"}
-    assert await producer.depth() == {"high": 4, "normal": 0, "low": 0}
+    assert await producer.depth("tiny") == {"high": 4, "normal": 0, "low": 0}
 
 
 async def test_one_take_of_many_mixes_in_the_fair_turns(
@@ -124,5 +129,79 @@ async def test_one_take_of_many_mixes_in_the_fair_turns(
     assert consumer.taken == 12
     # Oldest first within a lane: the first high entry queued is among those taken.
     with redis_server.client() as admin:
-        first_high = admin.xrange(consumer.keys.lane("high"), count=1)[0][0]
+        first_high = admin.xrange(consumer.keys.lane("high", "tiny"), count=1)[0][0]
     assert first_high in {e.entry_id for e in entries}
+
+
+async def test_a_worker_takes_only_the_models_it_follows(clients: dict[str, aioredis.Redis]) -> None:
+    settings = QueueSettings(prefix=PREFIX)
+    producer, tiny_worker = await started(settings, clients)
+    for model in ("other", "tiny", "other", "tiny"):
+        assert (await admit(producer, "normal", model)).outcome == "admitted"
+    taken = await tiny_worker.take(10)
+    assert [(entry.model, entry.lane) for entry in taken] == [("tiny", "normal")] * 2
+    # The other model's jobs stay queued, untouched, for a worker that serves it.
+    assert await tiny_worker.take(10) == [] and await tiny_worker.wait_take(10, 50) == []
+    other_worker = Consumer(clients["worker"], clients["worker"], settings, "worker-2")
+    await other_worker.follow(["other"])
+    assert [entry.model for entry in await other_worker.take(10)] == ["other", "other"]
+    for entry in taken:
+        await tiny_worker.ack(entry)
+    assert await producer.depth("tiny") == {"high": 0, "normal": 0, "low": 0}
+    assert await producer.depth("other") == {"high": 0, "normal": 2, "low": 0}  # taken, not yet answered
+
+
+async def test_one_models_backlog_does_not_refuse_another_model(clients: dict[str, aioredis.Redis]) -> None:
+    producer, _ = await started(QueueSettings(prefix=PREFIX, max_depth=3), clients)
+    assert [(await admit(producer, "high")).outcome for _ in range(4)] == ["admitted"] * 3 + ["queue_full"]
+    assert (await admit(producer, "high", "other")).outcome == "admitted"
+
+
+async def test_a_worker_following_two_models_takes_from_each_in_turn(clients: dict[str, aioredis.Redis]) -> None:
+    producer, consumer = await started(QueueSettings(prefix=PREFIX), clients, models=("tiny", "other"))
+    for _ in range(4):
+        for model in ("tiny", "other"):
+            assert (await admit(producer, "normal", model)).outcome == "admitted"
+    # One entry a take: each take starts at the next model's stream, so neither backlog hogs the slots.
+    models = [(await consumer.take(1))[0].model for _ in range(4)]
+    assert sorted(models[:2]) == ["other", "tiny"] and sorted(models[2:]) == ["other", "tiny"]
+
+
+async def test_only_a_worker_that_serves_the_model_reclaims_its_stalled_entry(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    settings = QueueSettings(prefix=PREFIX, claim_idle_ms=200)
+    producer, tiny_worker = await started(settings, clients)
+    assert (await admit(producer, "normal", "other")).outcome == "admitted"
+    gone = Consumer(clients["worker"], clients["worker"], settings, "worker-gone")
+    await gone.follow(["other"])
+    [stalled] = await gone.take(1)  # and then its worker dies
+    stream = gone.keys.lane("normal", "other")
+    deadline = time.monotonic() + 10
+    while not await clients["worker"].xpending_range(stream, "workers", "-", "+", 1, idle=200):
+        assert time.monotonic() < deadline, "the entry never went idle"
+        await asyncio.sleep(0.05)
+    assert await tiny_worker.reclaim(10) == []
+    heir = Consumer(clients["worker"], clients["worker"], settings, "worker-3")
+    await heir.follow(["other"])
+    [reclaimed] = await heir.reclaim(10)
+    assert (reclaimed.entry_id, reclaimed.model, reclaimed.reclaimed) == (stalled.entry_id, "other", True)
+
+
+async def test_entries_an_older_gateway_queued_on_the_shared_lanes_are_still_taken(
+    clients: dict[str, aioredis.Redis], redis_server: RedisServer
+) -> None:
+    settings = QueueSettings(prefix=PREFIX)
+    _, consumer = await started(settings, clients)
+    assert not await consumer.check_legacy()
+    # As the gateway before per-model lanes queued: one shared stream per lane, with the group.
+    legacy = f"{PREFIX}:q:normal"
+    with redis_server.client() as admin:
+        admin.xgroup_create(legacy, "workers", id="0", mkstream=True)
+        entry_id = admin.xadd(legacy, {"id": "a" * 32, "job": job("normal").to_json()})
+    assert await consumer.check_legacy()
+    [entry] = await consumer.take(5)
+    assert (entry.entry_id, entry.model, entry.lane) == (entry_id, "", "normal")
+    await consumer.ack(entry)
+    depth = await consumer.depth()
+    assert depth[("normal", "")] == (0, 0) and depth[("normal", "tiny")] == (0, 0)

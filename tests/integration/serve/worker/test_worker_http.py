@@ -155,7 +155,10 @@ def test_metrics_is_prometheus_text_with_every_worker_metric(lab: Lab, worker: t
     }
     assert samples[("llmfleet_worker_concurrency", ())] == CONCURRENCY
     assert samples[("llmfleet_engine_up", (("engine", lab.engine),))] == 1
-    assert samples[("llmfleet_queue_depth", (("lane", "normal"),))] == 0
+    # The queue's depth, per lane of each model the worker's engines serve: reported from the first
+    # report after the worker followed the model, so wait for it rather than race it.
+    depth = 'llmfleet_queue_depth{lane="normal",model="tiny"} 0.0'
+    wait_for(lambda: depth in fetch(port, "/metrics").body.decode(), 10, depth)
 
 
 def test_head_answers_the_headers_without_a_body(worker: tuple[Service, int]) -> None:

@@ -275,6 +275,9 @@ class HealthyPool:
     def reports(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(healthy=True)]
 
+    def served_models(self) -> set[str]:
+        return {"tiny"}
+
 
 class TakeQueue:
     """Stands in for the queue's Consumer in the take loop: each take raises the next error, then finds nothing."""
@@ -284,6 +287,10 @@ class TakeQueue:
         self.forever = forever
         self.takes = 0
         self.groups_made = 0
+        self.followed: set[str] = set()
+
+    async def follow(self, models: set[str]) -> None:
+        self.followed = models
 
     async def take(self, _count: int) -> list[Any]:
         self.takes += 1

@@ -147,8 +147,8 @@ async def queue_round_trip(address: str) -> dict:
         await gateway.client_setname("molecule-gateway")
         producer = Producer(gateway, settings(), "molecule-gw")
         consumer = Consumer(worker, worker, settings(), "molecule-worker")
-        await producer.ensure_groups()
-        await consumer.ensure_groups()
+        await producer.ensure_groups(["tiny"])
+        await consumer.follow(["tiny"])
 
         # The worker's cancel listener, as llmfleet.serve.worker subscribes.
         pubsub = worker.pubsub(ignore_subscribe_messages=True)
@@ -164,7 +164,7 @@ async def queue_round_trip(address: str) -> dict:
         admission = await producer.admit(
             job(request_id, producer.reply_key), mode="sync", limits=limits, concurrency_cap=4, lease_ms=60_000
         )
-        depth = await producer.depth()
+        depth = await producer.depth("tiny")
 
         entries = await consumer.take(4)
         if not entries:
@@ -194,7 +194,7 @@ async def queue_round_trip(address: str) -> dict:
             "seq": seq,
             "touched": touched,
             "cancelled": cancelled,
-            "pending": worker_depth["normal"][1],
+            "pending": worker_depth[("normal", "tiny")][1],
             "delivered": delivered,
             "result": result.body if result else None,
             "state": state.get("state"),
@@ -337,7 +337,7 @@ def test_acknowledged_writes_survive_a_restart(host, address, admin_password, ki
     assert host.check_output("systemctl show --property MainPID --value %s", SERVICE) != pid_before
     admin = connect(address, "default", admin_password)
     assert admin.hget(f"llmfleet:job:{request_id}", "state") == "queued"
-    ids = [fields["id"] for _, fields in admin.xrange("llmfleet:q:normal")]
+    ids = [fields["id"] for _, fields in admin.xrange("llmfleet:q:tiny:normal")]
     assert request_id in ids
 
 
