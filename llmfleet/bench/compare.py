@@ -217,7 +217,8 @@ def run_ladder(args: argparse.Namespace, rates: list[float], load: Callable[[flo
 def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: Path) -> list[Row]:
     """Every rate of the ladder through one path; a peer is started first and stopped after its last rate."""
     engines = [url.rstrip("/") for url in args.engine_url]
-    engine_auth = loadgen.read_token(args.engine_key_file, "--engine-key-file")
+    engine_key = loadgen.read_engine_key(args.engine_key_file, "--engine-key-file")
+    engine_auth = loadgen.bearer(engine_key)
     if path == DIRECT:
         return run_ladder(
             args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, engine_auth, None))
@@ -234,7 +235,7 @@ def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: P
         workdir,
         cpus=args.cpus,
         litellm_workers=args.litellm_workers,
-        engine_auth=engine_auth,
+        engine_key=engine_key,
     )
     try:
         print(f"compare: {path} up at {peer.url} after {peer.startup_s:.1f} s (pid {peer.pid})", flush=True)

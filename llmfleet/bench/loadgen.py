@@ -416,18 +416,32 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
     return report
 
 
-def read_token(path: str | None, option: str = "--token-file") -> dict[str, str]:
-    """The Authorization header from a token file (a file, so the token is never on a command line)."""
+def read_secret(path: str | None, option: str, empty_hint: str) -> str:
+    """One secret from a file (a file, so it is never on a command line); "" without a path."""
     if path is None:
-        return {}
+        return ""
     try:
-        token = Path(path).read_text().strip()
+        secret = Path(path).read_text().strip()
     except OSError as error:
         raise LlmfleetError(f"{option}: cannot read {path}: {error.strerror}") from None
-    if not token:
-        hint = "mint one with `llmfleet token --sub NAME ...`" if option == "--token-file" else "it holds no key"
-        raise LlmfleetError(f"{option}: {path} is empty; {hint}")
-    return {"Authorization": f"Bearer {token}"}
+    if not secret:
+        raise LlmfleetError(f"{option}: {path} is empty; {empty_hint}")
+    return secret
+
+
+def bearer(secret: str) -> dict[str, str]:
+    """The Authorization header that carries a token or an engine's API key; none for ""."""
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def read_token(path: str | None) -> dict[str, str]:
+    """The gateway's Authorization header from --token-file."""
+    return bearer(read_secret(path, "--token-file", "mint one with `llmfleet token --sub NAME ...`"))
+
+
+def read_engine_key(path: str | None, option: str) -> str:
+    """The engines' API key from a file (--peer-key-file, --engine-key-file); "" without a path."""
+    return read_secret(path, option, "it holds no key")
 
 
 def verdict(report: Report, target_rps: float, target_p95_ms: float) -> dict[str, bool]:
@@ -476,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
     headers = read_token(args.token_file)
     reports = [asyncio.run(measure(args, args.label, [args.url], headers))]
     if args.peer_url:
-        peer_headers = read_token(args.peer_key_file, "--peer-key-file")
+        peer_headers = bearer(read_engine_key(args.peer_key_file, "--peer-key-file"))
         reports.append(asyncio.run(measure(args, args.peer_label, args.peer_url, peer_headers)))
     result: dict[str, Any] = {"reports": [asdict(report) for report in reports]}
     main = reports[0]

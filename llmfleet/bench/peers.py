@@ -306,13 +306,13 @@ def start_peer(
     poll_interval_s: float = 0.5,
     venv: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
-    engine_auth: Mapping[str, str] | None = None,
+    engine_key: str = "",
 ) -> RunningPeer:
     """Start peer `name` in front of `engines` on a free loopback port; return once its health endpoint answers.
 
-    engine_auth is the engines' Authorization header, when they take an API
-    key: LiteLLM gets the key in its config, and vllm-router's clients send it
-    (the router passes a request's Authorization on to the engine).
+    engine_key is the engines' API key, when they take one: LiteLLM gets it in
+    its config, and vllm-router's clients send it (the router passes a
+    request's Authorization on to the engine).
 
     Its log (and LiteLLM's config, mode 0600: it holds the master key and
     the engines' key) go to workdir. Fails fast if it exits, and after startup_timeout_s otherwise,
@@ -331,14 +331,15 @@ def start_peer(
         config.touch(mode=0o600)
         config.chmod(0o600)
         # JSON is YAML: the config is data, written by the json module rather than by hand.
-        engine_key = (engine_auth or {}).get("Authorization", "").removeprefix("Bearer ") or "none"
-        config.write_text(json.dumps(litellm_config(engines, model, master_key, engine_key), indent=2) + "\n")
+        engine_config = litellm_config(engines, model, master_key, engine_key or "none")
+        config.write_text(json.dumps(engine_config, indent=2) + "\n")
         command = litellm_command(venv, config, port, litellm_workers)
         env.update(LITELLM_ENV)
         headers["Authorization"] = f"Bearer {master_key}"
     else:
         command = router_command(venv, engines, port, free_loopback_port())
-        headers.update(engine_auth or {})
+        if engine_key:
+            headers["Authorization"] = f"Bearer {engine_key}"
     log_path = workdir / f"{name}.log"
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()

@@ -34,6 +34,7 @@ from llmfleet.bench.loadgen import (
     verdict,
 )
 from llmfleet.cli import main
+from llmfleet.errors import LlmfleetError
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -393,3 +394,21 @@ def test_a_streamed_run_reports_time_to_first_token_below_the_latency() -> None:
     assert 0 < report.ttft_p50_ms <= report.ttft_p99_ms < report.p50_ms
     assert "time to first token: p50" in loadgen.describe(report)
     assert loadgen.summarize("x", "u", "rate", 1.0, [], start, end).ttft_p50_ms is None
+
+
+def test_secret_files_give_a_header_or_the_key_and_an_empty_one_says_what_to_do(tmp_path: Path) -> None:
+    token, key, empty = tmp_path / "token", tmp_path / "key", tmp_path / "empty"
+    token.write_text("eyJ.token\n")
+    key.write_text("engine-key-0123456789\n")
+    empty.write_text("\n")
+    assert loadgen.read_token(str(token)) == {"Authorization": "Bearer eyJ.token"}
+    assert loadgen.read_engine_key(str(key), "--engine-key-file") == "engine-key-0123456789"
+    # No file given: no header and no key (engines that take none).
+    assert loadgen.read_token(None) == {} and loadgen.read_engine_key(None, "--peer-key-file") == ""
+    assert loadgen.bearer("") == {}
+    with pytest.raises(LlmfleetError, match=r"--token-file: .*empty; mint one with `llmfleet token"):
+        loadgen.read_token(str(empty))
+    with pytest.raises(LlmfleetError, match=r"--peer-key-file: .*empty; it holds no key"):
+        loadgen.read_engine_key(str(empty), "--peer-key-file")
+    with pytest.raises(LlmfleetError, match=r"--engine-key-file: cannot read .*missing"):
+        loadgen.read_engine_key(str(tmp_path / "missing"), "--engine-key-file")
