@@ -395,7 +395,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=0,
         help=f"after the ladder, up to this many more rates, each {SATURATE_STEP:g} x the last, until the path"
-        f" answers under {SATURATED:.0%} of the offered rate or fails a request (default 0: the ladder only)",
+        f" answers under {SATURATED:.0%}% of the offered rate or fails a request (default 0: the ladder only)",
     )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of each measured window (default 30)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each window (default 3)")
