@@ -232,6 +232,9 @@ async def reclaim_and_dead_letter(address: str) -> tuple[int, int]:
         producer = Producer(gateway, settings(), "molecule-gw")
         ghost = Consumer(worker, worker, settings(), "molecule-ghost")
         heir = Consumer(worker, worker, settings(), "molecule-heir")
+        # A worker reads only the queues of the models its engines serve (job() is for "tiny").
+        await ghost.follow(["tiny"])
+        await heir.follow(["tiny"])
         request_id = uuid.uuid4().hex
         await producer.admit(job(request_id, ""), mode="task", limits=(), concurrency_cap=0, lease_ms=1000)
         for entry in await ghost.take(100):
