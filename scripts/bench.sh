@@ -109,24 +109,61 @@ if step peers; then
     llmfleet bench plot --from "out/bench/compare-$mode.json" --out-dir "out/bench/plots-$mode"
   done
 fi
-# The same with the gateway side on a core of its own (issue 13's second figure):
-# the lab's hosts are containers, and a host container's cpuset binds everything
-# inside it. The engines' hosts get every core but the last; the gateway host
-# (gateway and workers), the Redis host and each peer (--cpus) get the last one;
-# the load generator and the monitoring host stay unconfined. Undone on exit.
+# The same with the gateway side on a core of its own (issue 13's second figure).
+# The engines' hosts get every core but the last; the gateway host (gateway and
+# workers), the Redis host and each peer (--cpus) get the last one; the load
+# generator and the monitoring host stay unconfined. Undone on exit.
+# A lab host runs with --cgroupns=host, so the containers its own Docker starts
+# (engines, gateway, workers) get cgroups beside the host container's, not under
+# it: pinning the host container alone left the engines on every core (the second
+# lab run's pinned figure). Each inner container is pinned too, and every process
+# on each host is checked to hold the cores meant for it before any load runs.
 last_core=$(($(nproc) - 1))
 lab_hosts=$(docker ps --filter name=llmfleet-lab- --format '{{.Names}}')
-unpin() { for host in $lab_hosts; do docker update --cpuset-cpus "0-$last_core" "$host" >/dev/null; done; }
+pin() {  # pin CORES HOST...: the host containers and every container their Docker runs
+  local cores=$1 host inner
+  shift
+  for host in "$@"; do
+    docker update --cpuset-cpus "$cores" "$host" >/dev/null
+    inner=$(docker exec "$host" sh -c 'command -v docker >/dev/null && docker ps -q || true')
+    if [ -n "$inner" ]; then
+      # shellcheck disable=SC2086  # one container id per word
+      docker exec "$host" docker update --cpuset-cpus "$cores" $inner >/dev/null
+    fi
+  done
+}
+check_pinned() {  # check_pinned CORES HOST...: every process on each host may run on CORES only
+  local cores=$1 host allowed
+  shift
+  for host in "$@"; do
+    # Inside the host container's PID namespace: its systemd services and the inner containers' processes alike.
+    allowed=$(docker exec "$host" sh -c 'cat /proc/[0-9]*/status 2>/dev/null || true' \
+      | awk '/^Cpus_allowed_list/ {print $2}' | sort -u | paste -sd ' ' -)
+    if [ "$allowed" != "$cores" ]; then
+      echo "bench: pinned: processes on $host may run on cores '$allowed', not only on $cores;" \
+        "that would not be the pinned figure, so it does not run" >&2
+      return 1
+    fi
+  done
+}
+# shellcheck disable=SC2086  # one host per word
+unpin() { pin "0-$last_core" $lab_hosts; }
 if step pinned; then
   if [ "$last_core" -lt 1 ]; then
     echo "bench: pinned needs 2 cores, this machine has 1; skipping it" >&2
   else
     trap 'unpin; rm -rf "$workdir"' EXIT
-    for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
-      docker update --cpuset-cpus "0-$((last_core - 1))" "$host" >/dev/null
-    done
-    docker update --cpuset-cpus "$last_core" "$gateway_host" llmfleet-lab-redis1 >/dev/null
-    echo "--- pinned: engines on cores 0-$((last_core - 1)); gateway, workers, Redis and each peer on core $last_core"
+    gpu_hosts=$(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}')
+    # The kernel's spelling (/proc/PID/status), which check_pinned compares: "0", not "0-0".
+    engine_cores=0
+    [ "$last_core" -gt 1 ] && engine_cores="0-$((last_core - 1))"
+    # shellcheck disable=SC2086  # one host per word
+    pin "$engine_cores" $gpu_hosts
+    pin "$last_core" "$gateway_host" llmfleet-lab-redis1
+    # shellcheck disable=SC2086
+    check_pinned "$engine_cores" $gpu_hosts
+    check_pinned "$last_core" "$gateway_host" llmfleet-lab-redis1
+    echo "--- pinned: engines on cores $engine_cores; gateway, workers, Redis and each peer on core $last_core"
     compare --cpus "$last_core" --out out/bench/compare-pinned.json
     llmfleet bench plot --from out/bench/compare-pinned.json --out-dir out/bench/plots-pinned
     unpin
