@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.bench.loadgen import bearer
 from llmfleet.build.venvs import ensure_cached_venv, run_logged
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab.local_server import stop_session, wait_until_answering
@@ -335,11 +336,10 @@ def start_peer(
         config.write_text(json.dumps(engine_config, indent=2) + "\n")
         command = litellm_command(venv, config, port, litellm_workers)
         env.update(LITELLM_ENV)
-        headers["Authorization"] = f"Bearer {master_key}"
+        headers.update(bearer(master_key))
     else:
         command = router_command(venv, engines, port, free_loopback_port())
-        if engine_key:
-            headers["Authorization"] = f"Bearer {engine_key}"
+        headers.update(bearer(engine_key))
     log_path = workdir / f"{name}.log"
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()

@@ -111,12 +111,14 @@ class Consumer:
 
     async def ensure_groups(self) -> None:
         """Make the groups of every model this consumer knows again (Redis lost its data)."""
-        await ensure_groups(
-            self.client, self.keys, self.settings.lanes, [*self.known, *([LEGACY_MODEL] if self.legacy else [])]
-        )
+        await ensure_groups(self.client, self.keys, self.settings.lanes, [*self.known, *self._legacy()])
+
+    def _legacy(self) -> tuple[str, ...]:
+        """The lanes every model shared before, while they exist (check_legacy)."""
+        return (LEGACY_MODEL,) if self.legacy else ()
 
     def _reading(self) -> tuple[str, ...]:
-        return self.models + ((LEGACY_MODEL,) if self.legacy else ())
+        return self.models + self._legacy()
 
     def _stream_keys(self, models: tuple[str, ...]) -> list[str]:
         """Lane by lane, highest first; within a lane, one stream per model."""
@@ -328,7 +330,7 @@ class Consumer:
         """
         streams = [
             (lane, model)
-            for model in sorted(self.known) + ([LEGACY_MODEL] if self.legacy else [])
+            for model in (*sorted(self.known), *self._legacy())
             for lane in self.settings.lanes
         ]
         async with self.client.pipeline(transaction=False) as pipe:

@@ -90,8 +90,7 @@ class EnginePool:
         return {model for engine in self.engines if engine.admitted(now) for model in engine.models}
 
     def serves(self, model: str) -> bool:
-        now = time.monotonic()
-        return any(engine.admitted(now) and model in engine.models for engine in self.engines)
+        return model in self.served_models()
 
     @contextlib.contextmanager
     def using(self, engine: Engine) -> Iterator[None]:
