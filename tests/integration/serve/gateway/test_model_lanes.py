@@ -129,9 +129,12 @@ def test_a_models_jobs_wait_queued_for_a_worker_that_can_run_them(two_models: St
 
 def test_the_worker_reports_each_models_queue(two_models: Stack) -> None:
     first, second = two_models.workers
-    # Each worker reports the lanes of the models it has followed, labelled by model.
-    assert 'llmfleet_queue_depth{lane="normal",model="tiny"}' in first.metrics()
-    assert f'llmfleet_queue_depth{{lane="normal",model="{OTHER}"}}' in second.metrics()
+    # Each worker reports the lanes of the models it has followed, labelled by model. A worker follows a model
+    # once its engine is admitted and reports at its next report, so this test, run first, waits for that.
+    wait_for(lambda: 'llmfleet_queue_depth{lane="normal",model="tiny"}' in first.metrics(), 30,
+             "worker-1 to report the tiny queue", interval_s=0.5)
+    wait_for(lambda: f'llmfleet_queue_depth{{lane="normal",model="{OTHER}"}}' in second.metrics(), 30,
+             f"worker-2 to report the {OTHER} queue", interval_s=0.5)
     assert f'model="{OTHER}"' not in "\n".join(
         line for line in first.metrics().splitlines() if line.startswith("llmfleet_queue_depth")
     )
