@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from llmfleet.build import images, wheelhouse
-from llmfleet.lab import hosts, standins
+from llmfleet.lab import hosts, ssh, standins
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
 from llmfleet.lab.tiny import make_tiny_model
@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     actions = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
     actions.add_parser(
-        "up", help="start Docker if needed, build the base image, create the hosts, wait for systemd"
+        "up",
+        help="start Docker if needed, build the base image, create the hosts, wait for systemd, give them the SSH key",
     ).set_defaults(handler=_up)
     actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(handler=_down)
     actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(handler=_status)
@@ -38,6 +39,8 @@ def _up(args: argparse.Namespace) -> int:
     lab = load_lab(args.inventory)
     ensure_engine()
     hosts.up(lab, ensure_base_image())
+    # Ansible logs in over SSH as the inventory's ansible_user, as on a real site.
+    ssh.authorize(lab)
     standin_hosts = [host for host in lab.hosts if host.standins]
     if standin_hosts:
         # GPU-less lab hosts install NVIDIA's package names from this local

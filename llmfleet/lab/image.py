@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 IMAGE_REPOSITORY = "llmfleet-lab/debian12-systemd"
 SUITE = "bookworm"
 # Bump when the rootfs preparation below changes: it is part of the content key.
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -35,6 +35,8 @@ PACKAGES = (
     "python3",
     "python3-apt",
     "sudo",
+    # Ansible reaches lab hosts over SSH as an unprivileged user with sudo, as on a real site (llmfleet.lab.ssh).
+    "openssh-server",
     "iproute2",
     "ca-certificates",
     "gnupg",
@@ -136,6 +138,15 @@ def _prepare_rootfs(rootfs: Path) -> None:
         link = systemd_dir / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
+    # Every container makes its own SSH host keys on first boot, instead of sharing the ones
+    # the package made in the image; `sshd -t` then checks the configuration as the unit did.
+    for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    drop_in = systemd_dir / "ssh.service.d"
+    drop_in.mkdir(parents=True, exist_ok=True)
+    (drop_in / "host-keys.conf").write_text(
+        "[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n"
+    )
     for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for entry in (rootfs / cache).glob("*"):
             if entry.is_file():

@@ -36,6 +36,8 @@ class Lab:
     network: str
     subnet: str
     hosts: tuple[LabHost, ...]
+    # all.vars.ansible_user: the unprivileged user Ansible logs in as over SSH, then sudo (llmfleet.lab.ssh).
+    ssh_user: str
 
     @property
     def label(self) -> str:
@@ -55,6 +57,12 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
         subnet = str(ipaddress.ip_network(top_vars["lab_subnet"]))
     except (KeyError, ValueError) as error:
         raise LlmfleetError(f"{inventory}: all.vars needs lab_name and a valid lab_subnet ({error})") from error
+    ssh_user = str(top_vars.get("ansible_user") or "")
+    if not ssh_user or ssh_user == "root":
+        raise LlmfleetError(
+            f"{inventory}: all.vars needs ansible_user, an unprivileged user (with ansible_become: true),"
+            " as production logs in: the lab creates it on every host"
+        )
     host_groups: dict[str, list[str]] = {}
     host_vars: dict[str, dict[str, Any]] = {}
     for group, body in (top.get("children") or {}).items():
@@ -68,13 +76,10 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
         if address is None or ipaddress.ip_address(address) not in ipaddress.ip_network(subnet):
             raise LlmfleetError(f"{inventory}: host {host} needs lab_address inside {subnet}")
         container = f"{lab_name}-{host}"
-        # Per host, not one group-wide "{{ lab_name }}-{{ inventory_hostname }}": a task delegated to
-        # this host would template that with the delegating host's name and run on the wrong container.
-        if host_vars[host].get("ansible_host") not in (f"{{{{ lab_name }}}}-{host}", container):
-            raise LlmfleetError(
-                f'{inventory}: host {host} needs ansible_host: "{{{{ lab_name }}}}-{host}" (its container, named'
-                " per host so that tasks delegated to it reach it)"
-            )
+        # Ansible logs in over SSH at the host's address; written out per host, not templated from
+        # lab_address, so that a task delegated to this host never reads the delegating host's.
+        if str(host_vars[host].get("ansible_host")) != str(address):
+            raise LlmfleetError(f"{inventory}: host {host} needs ansible_host: {address} (its lab_address)")
         hosts.append(
             LabHost(
                 host,
@@ -87,4 +92,4 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
         )
     if not hosts:
         raise LlmfleetError(f"{inventory}: no hosts under all.children")
-    return Lab(lab_name, f"{lab_name}-net", subnet, tuple(hosts))
+    return Lab(lab_name, f"{lab_name}-net", subnet, tuple(hosts), ssh_user)

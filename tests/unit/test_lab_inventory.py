@@ -205,3 +205,16 @@ def test_the_checks_find_a_late_link_a_redundant_key_and_a_vault_reference(copie
     problems = "\n".join(override_problems(production, lab))
     assert "gpu_nodes/lab.yml: vllm_client_hosts repeats production.example's value" in problems
     assert "all: production reads vllm_api_key from the vault" in problems
+
+
+def test_the_lab_logs_in_as_production_does() -> None:
+    """Production reaches hosts over SSH as an unprivileged user with become: the lab's hosts.yml says the same,
+    so a task that forgot become, or a file written with the wrong owner, fails in the lab as on a site."""
+    def login(inventory: str) -> dict[str, Any]:
+        top = yaml.safe_load((REPO_ROOT / "inventories" / inventory / "hosts.yml").read_text())["all"]["vars"]
+        return {key: top.get(key) for key in ("ansible_user", "ansible_become", "ansible_connection")}
+
+    assert login("lab") == login("production.example")
+    assert login("lab")["ansible_user"] not in (None, "root") and login("lab")["ansible_become"] is True
+    overlay = yaml.safe_load((LAB / "all" / OVERLAY).read_text())
+    assert "ansible_connection" not in overlay, "the lab overlay must not swap SSH for another connection"

@@ -20,19 +20,27 @@ def test_shipped_lab_inventory_describes_six_hosts() -> None:
     assert by_name["gpu1"].groups == ("gpu_nodes",)
     assert by_name["gpu1"].container == "llmfleet-lab-gpu1"
     assert len({host.address for host in lab.hosts}) == 6, "addresses must be unique"
+    assert lab.ssh_user == "ops", "the lab logs in as production.example does"
 
 
 @pytest.mark.parametrize(
     ("hosts_yml", "message"),
     [
         ("all: {children: {g: {hosts: {h1: {lab_address: 10.1.0.5}}}}}", "needs lab_name and a valid lab_subnet"),
-        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}, children: {g: {hosts: {h1: {}}}}}",
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24, ansible_user: ops}, children: {g: {hosts: {h1: {}}}}}",
          "host h1 needs lab_address inside 10.1.0.0/24"),
-        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}, children: {g: {hosts: {h1: {lab_address: 10.2.0.5}}}}}",
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24, ansible_user: ops},"
+         " children: {g: {hosts: {h1: {lab_address: 10.2.0.5}}}}}",
          "host h1 needs lab_address inside"),
         ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}, children: {g: {hosts: {h1: {lab_address: 10.1.0.5}}}}}",
-         'host h1 needs ansible_host: "{{ lab_name }}-h1"'),
-        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24}}", "no hosts under all.children"),
+         "all.vars needs ansible_user, an unprivileged user"),
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24, ansible_user: root},"
+         " children: {g: {hosts: {h1: {lab_address: 10.1.0.5}}}}}",
+         "all.vars needs ansible_user, an unprivileged user"),
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24, ansible_user: ops},"
+         " children: {g: {hosts: {h1: {lab_address: 10.1.0.5, ansible_host: x-h1}}}}}",
+         "host h1 needs ansible_host: 10.1.0.5 (its lab_address)"),
+        ("all: {vars: {lab_name: x, lab_subnet: 10.1.0.0/24, ansible_user: ops}}", "no hosts under all.children"),
         ("all: [unbalanced", "cannot read lab inventory"),
     ],
 )
