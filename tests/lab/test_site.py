@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from llmfleet.bench import provisioning
 from llmfleet.paths import cache_dir
@@ -119,6 +120,19 @@ def test_engine_token_and_api_key_are_secret_files_only(lab_inventory: Path) -> 
             assert on_host(host, "stat", "-c", "%a %u", path).split() == ["400", "2000"], path
             assert f"/run/secrets/{secret_file}" in inspect
             assert value not in inspect and value not in logs and value not in processes, (host, name, secret_file)
+
+
+def test_no_secret_reaches_a_hosts_journal_or_process_list(lab_inventory: Path) -> None:
+    # Ansible logs in as an unprivileged user and becomes root with sudo, which logs each command it runs to the
+    # journal (auth.log on a host with syslog): a secret given to a task as an environment variable would be there.
+    secrets = yaml.safe_load((lab_inventory / "group_vars" / "all" / "lab_secrets.yml").read_text())
+    values = {name: value for name, value in secrets.items() if isinstance(value, str) and value}
+    assert len(values) >= 7, values.keys()  # the lab's stand-ins for every vault value it uses
+    for host in sorted(LAB_HOSTS):
+        seen = on_host(host, "journalctl", "--no-pager", "-q") + on_host(host, "ps", "auxww")
+        assert "sudo" in seen, f"{host}: no sudo session in the journal; did Ansible log in as root?"
+        leaked = sorted(name for name, value in values.items() if value in seen)
+        assert leaked == [], f"{host}: {leaked} in its journal or process list"
 
 
 def test_an_engine_refuses_v1_without_its_api_key(lab_inventory: Path) -> None:
