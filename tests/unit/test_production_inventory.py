@@ -224,7 +224,18 @@ def test_the_inventory_check_refuses_the_example_vault_as_shipped(tmp_path: Path
 
 
 def test_the_inventory_check_passes_a_filled_vault(tmp_path: Path) -> None:
-    result = _inventory_check(_site(tmp_path, _filled_vault_text()))
+    # The vault filled in, and the other example values the check refuses
+    # (tests/unit/test_inventory_check.py) edited as a site edits them.
+    site = _site(tmp_path, _filled_vault_text())
+    for path, old, new in [
+        ("hosts.yml", "192.0.2.", "10.20.0."),
+        ("group_vars/all/common.yml", "example.internal", "corp.lan"),
+        ("group_vars/all/gpu.yml", 'python_toolchain_index_url: ""', "python_toolchain_index_url: https://pypi.corp.lan"),
+    ]:
+        (site / path).write_text((site / path).read_text().replace(old, new))
+    with (site / "group_vars" / "monitoring.yml").open("a") as monitoring:
+        monitoring.write("alertmanager_email_to: [oncall@corp.lan]\n")
+    result = _inventory_check(site)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,0 +1,121 @@
+"""Filters on Debian package versions: dpkg's ordering, and the docker role's runc check."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+_VERSION = re.compile(r"^(?:(?P<epoch>\d+):)?(?P<upstream>[0-9][A-Za-z0-9.+~:-]*?)(?:-(?P<revision>[A-Za-z0-9.+~]+))?$")
+
+
+def _split(version: str) -> tuple[int, str, str]:
+    if not isinstance(version, str) or not (match := _VERSION.match(version.strip())):
+        raise AnsibleFilterError(f"not a Debian package version: {version!r}")
+    return int(match["epoch"] or 0), match["upstream"], match["revision"] or "0"
+
+
+def _order(char: str) -> int:
+    # dpkg: '~' sorts before everything, even the end of the string; letters before other characters.
+    if char == "~":
+        return -1
+    if char.isalpha():
+        return ord(char)
+    return ord(char) + 256
+
+
+def _compare_part(left: str, right: str) -> int:
+    """dpkg's verrevcmp: alternating non-digit and digit runs."""
+    i = j = 0
+    while i < len(left) or j < len(right):
+        difference = 0
+        while (i < len(left) and not left[i].isdigit()) or (j < len(right) and not right[j].isdigit()):
+            a = _order(left[i]) if i < len(left) and not left[i].isdigit() else 0
+            b = _order(right[j]) if j < len(right) and not right[j].isdigit() else 0
+            if a != b:
+                return -1 if a < b else 1
+            i, j = i + 1, j + 1
+        while i < len(left) and left[i] == "0":
+            i += 1
+        while j < len(right) and right[j] == "0":
+            j += 1
+        while i < len(left) and left[i].isdigit() and j < len(right) and right[j].isdigit():
+            if not difference:
+                difference = ord(left[i]) - ord(right[j])
+            i, j = i + 1, j + 1
+        if i < len(left) and left[i].isdigit():
+            return 1
+        if j < len(right) and right[j].isdigit():
+            return -1
+        if difference:
+            return -1 if difference < 0 else 1
+    return 0
+
+
+def deb_version_compare(left: str, right: str) -> int:
+    """-1, 0 or 1 as dpkg orders the two versions (`dpkg --compare-versions`)."""
+    left_epoch, left_upstream, left_revision = _split(left)
+    right_epoch, right_upstream, right_revision = _split(right)
+    if left_epoch != right_epoch:
+        return -1 if left_epoch < right_epoch else 1
+    return _compare_part(left_upstream, right_upstream) or _compare_part(left_revision, right_revision)
+
+
+def deb_upstream_version(version: str) -> str:
+    """The upstream part of a package version: 1.1.5+ds1 of 1.1.5+ds1-1+deb12u1, 1.1.12 of 1.1.12-0ubuntu3."""
+    return _split(version)[1]
+
+
+def docker_runc_problem(
+    packages: Sequence[Mapping[str, Any]],
+    release: str,
+    min_version: str,
+    backports: Mapping[str, Mapping[str, str]],
+) -> str:
+    """Why the runc that docker_packages pins is open to the escape min_version fixes; empty when it is not.
+
+    packages: docker_packages ({name, version} each).
+    release: the host's <distribution>-<major version>, e.g. Ubuntu-22.
+    min_version: the first upstream runc release with the fix (1.1.12 for CVE-2024-21626).
+    backports: upstream version -> release -> the first build of that release's runc that carries that
+      version's fix backported into an older upstream version (Debian's 1.1.5+ds1-1+deb12u1). A build at
+      or above it is fixed; so is any build whose upstream part is at least min_version.
+    Without a runc pin (Docker CE's containerd.io bundles its own) there is nothing to check here.
+    """
+    if not isinstance(packages, Sequence) or isinstance(packages, str):
+        raise AnsibleFilterError(f"docker_runc_problem expects docker_packages (a list), got {packages!r}")
+    if not isinstance(backports, Mapping):
+        raise AnsibleFilterError(f"docker_runc_problem expects a mapping of backports, got {backports!r}")
+    _split(min_version)
+    pins = [package for package in packages if isinstance(package, Mapping) and package.get("name") == "runc"]
+    if not pins:
+        return ""
+    version = str(pins[0].get("version", ""))
+    if deb_version_compare(deb_upstream_version(version), min_version) >= 0:
+        return ""
+    fixed = (backports.get(min_version) or {}).get(release)
+    if fixed is not None and deb_version_compare(version, fixed) >= 0:
+        return ""
+    builds = ", ".join(f"{name} {build}" for name, build in sorted((backports.get(min_version) or {}).items()))
+    return (
+        f"docker_packages pins runc {version}, which is open to CVE-2024-21626 and any other escape fixed by "
+        f"runc {min_version} (runc before 1.1.12 leaks a host directory's file descriptor into the container: "
+        f"a process in it can reach the host's filesystem and escape). Pin a runc that carries the fix: upstream "
+        f"{min_version} or later, or a distribution build known to have it backported"
+        f"{' (' + builds + ', or later)' if builds else ''}. `apt-cache policy runc` on the host lists what its "
+        "sources offer; the role's default (roles/docker/vars/<release>.yml) pins a fixed one for each supported "
+        "release. Pin containerd and docker.io of the same set with it."
+    )
+
+
+class FilterModule:
+    """llmfleet package version filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "deb_version_compare": deb_version_compare,
+            "deb_upstream_version": deb_upstream_version,
+            "docker_runc_problem": docker_runc_problem,
+        }
