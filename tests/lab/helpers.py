@@ -61,7 +61,9 @@ def copy_lab_inventory(destination: Path) -> Path:
     return destination
 
 
-def run_playbook(inventory: Path, playbook: str, *extra: str, facts: Path) -> PlaybookRun:
+def run_playbook(inventory: Path, playbook: str, *extra: str, facts: Path, log_as: str | None = None) -> PlaybookRun:
+    """Run a playbook against the test lab; its output is kept under PLAYBOOK_LOGS, named after log_as (the
+    calling test's name by default: give one when the run happens in another thread)."""
     env = {
         **os.environ,
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts),
@@ -73,13 +75,13 @@ def run_playbook(inventory: Path, playbook: str, *extra: str, facts: Path) -> Pl
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False,
     )
     run = PlaybookRun(result.returncode, result.stdout + result.stderr)
-    _keep_log(playbook, run)
+    _keep_log(playbook, run, log_as)
     return run
 
 
-def _keep_log(playbook: str, run: PlaybookRun) -> None:
+def _keep_log(playbook: str, run: PlaybookRun, log_as: str | None) -> None:
     # PYTEST_CURRENT_TEST is "tests/lab/test_site.py::test_name (call)".
-    test = os.environ.get("PYTEST_CURRENT_TEST", "outside-a-test").split("::")[-1].split()[0]
+    test = log_as or os.environ.get("PYTEST_CURRENT_TEST", "outside-a-test").split("::")[-1].split()[0]
     PLAYBOOK_LOGS.mkdir(parents=True, exist_ok=True)
     (PLAYBOOK_LOGS / f"{test}.{Path(playbook).stem}.log").write_text(run.output)
 

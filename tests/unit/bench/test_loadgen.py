@@ -172,8 +172,12 @@ def test_cpu_snapshots_are_taken_at_the_window_edges(monkeypatch: pytest.MonkeyP
         return window_start, window_end
 
     window_start, window_end = asyncio.run(window())
-    assert taken[0] == pytest.approx(window_start, abs=0.02)
-    assert taken[1] == pytest.approx(window_end, abs=0.02)
+    # Each snapshot at its edge, not before it (up to the event loop's clock granularity), and the first inside the
+    # window: how late a snapshot comes depends on how busy the machine is (scripts/test.sh builds images beside the
+    # unit stage), so lateness is bounded by the order of the edges, not by a number of milliseconds.
+    early = 0.005
+    assert window_start - early <= taken[0] < window_end
+    assert window_end - early <= taken[1]
 
 
 @pytest.mark.parametrize(
