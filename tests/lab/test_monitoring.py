@@ -25,17 +25,23 @@ HOSTS = {"gw1": "10.78.0.10", "redis1": "10.78.0.20", "mon1": "10.78.0.30",
          "gpu1": "10.78.0.41", "gpu2": "10.78.0.42", "gpu3": "10.78.0.43"}
 # Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway's ops
 # listener (gateway_ops_port 9300, not the API port) and its two workers (worker_metrics_port 9400 + N - 1), the
-# Redis exporter, a node exporter on every host.
+# Redis exporter, a node exporter on every host, and Prometheus itself (its notification counters feed
+# AlertmanagerUnreachable), at its listen address.
 EXPECTED_TARGETS = {
+    ("prometheus", f"{MONITORING_ADDRESS}:9090"),
     ("vllm", "10.78.0.41:8000"), ("vllm", "10.78.0.41:8001"), ("vllm", "10.78.0.42:8000"),
     ("gateway", "10.78.0.10:9300"),
     ("worker", "10.78.0.10:9400"), ("worker", "10.78.0.10:9401"),
     ("redis", "10.78.0.20:9121"),
     *{("node", f"{address}:9100") for address in HOSTS.values()},
 }
-ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "ScaleOutNeeded", "ScaleInPossible", "KVCacheNearFull", "EngineDown",
-          "WorkerDown", "GatewayDown", "TTFTp95High", "PreemptionsHigh", "DeadLetterGrowing", "RedisMemoryHigh",
-          "GPUUnderutilizedWhileQueued", "GPUMemoryHeldWithoutEngine"}
+ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "QueueStalled", "ScaleOutNeeded", "ScaleInPossible", "KVCacheNearFull",
+          "EngineDown", "WorkerDown", "GatewayDown", "TTFTp95High", "PreemptionsHigh", "DeadLetterGrowing",
+          "RedisMemoryHigh", "RedisDown", "GatewayErrorsHigh", "RequestsLost", "WorkerErrorsHigh", "TargetDown",
+          "DiskFillingUp", "AlertmanagerUnreachable", "Watchdog", "GPUUnderutilizedWhileQueued",
+          "GPUMemoryHeldWithoutEngine", "GPUXidErrors", "GPUTemperatureHigh", "GPUEccErrors"}
+# Fires all the time by design (the dead man's switch's heartbeat): never a sign that something is wrong.
+ALWAYS_FIRING = {"Watchdog"}
 LAB_SECRETS = {"redis1": "lab-only-not-a-secret-exporter-3c8d", "mon1": "lab-only-not-a-secret-scaler-token-a61f"}
 
 
@@ -87,8 +93,13 @@ def test_every_alert_rule_is_loaded_and_evaluates_cleanly() -> None:
 
 
 def test_a_healthy_lab_has_nothing_down() -> None:
-    firing = prometheus("query", query='ALERTS{alertname=~"EngineDown|WorkerDown|GatewayDown"}')["result"]
-    assert firing == []
+    firing = prometheus("query", query='ALERTS{alertname=~"EngineDown|WorkerDown|GatewayDown|RedisDown|TargetDown"}')
+    assert firing["result"] == []
+    # Watchdog is left out of "nothing firing" on purpose: it always fires (ALWAYS_FIRING). That it does, with
+    # severity none and no scale_action, shows the rules are evaluated and that it can never scale anything.
+    watchdog = wait_for(lambda: _query('ALERTS{alertname="Watchdog",alertstate="firing"}'), "Watchdog to fire")
+    assert [(sample["metric"]["severity"], sample["metric"].get("scale_action")) for sample in watchdog] == [
+        ("none", None)]
 
 
 def test_the_metrics_behind_the_alerts_arrive() -> None:
@@ -97,6 +108,10 @@ def test_the_metrics_behind_the_alerts_arrive() -> None:
         ("vllm:num_requests_waiting", {"vllm"}),
         ("llmfleet_queue_depth", {"worker"}),
         ("llmfleet_engine_up", {"worker"}),
+        ("llmfleet_engine_drained", {"worker"}),
+        ("llmfleet_queue_waiting", {"worker"}),
+        ("llmfleet_queue_oldest_wait_seconds", {"worker"}),
+        ("prometheus_notifications_sent_total", {"prometheus"}),
         ("llmfleet_gateway_redis_up", {"gateway"}),
         ("redis_memory_max_bytes > 0", {"redis"}),
         ("node_memory_MemAvailable_bytes", {"node"}),
@@ -118,9 +133,16 @@ def test_alertmanager_is_ready_and_routes_scaling_alerts_to_the_scaler() -> None
     webhook = scaler["webhook_configs"][0]
     assert webhook["url"] == f"http://{SCALER_ADDRESS}:9095/alerts"  # the lab's scaler, on the build machine
     assert webhook["http_config"]["authorization"]["credentials_file"] == "/etc/prometheus/alertmanager_scaler_token"
+    # Severity routing, first match wins: Watchdog to its dead man's switch (never the scaler, never paged), the
+    # scaling alerts to the scaler, critical to the operators, warning to chat.
     routes = config["route"]["routes"]
-    assert [(route["receiver"], route["matchers"]) for route in routes] == [("scaler", ['scale_action=~"out|in"'])]
+    assert [(route["receiver"], route["matchers"]) for route in routes] == [
+        ("watchdog", ['alertname="Watchdog"']), ("scaler", ['scale_action=~"out|in"']),
+        ("operators", ['severity="critical"']), ("chat", ['severity="warning"'])]
     assert any(rule["source_matchers"] == ['alertname="EngineDown"'] and rule["equal"] == ["instance"]
+               for rule in config["inhibit_rules"])
+    assert any(rule["source_matchers"] == ['severity="critical"', 'instance=~".+"']
+               and rule["target_matchers"] == ['severity="warning"'] and rule["equal"] == ["instance"]
                for rule in config["inhibit_rules"])
 
 

@@ -1,6 +1,7 @@
 """Alert-driven scaling in the whole-stack lab, end to end with real parts.
 
-Load through the gateway backs the queue up while the engines are busy:
+Load through the gateway keeps every engine busy (the lab's saturation point
+is one request running per engine: inventories/lab/group_vars/monitoring/lab.yml):
 Prometheus on mon1 fires ScaleOutNeeded (scale_kind engines), Alertmanager
 posts it to the scaler, and the scaler runs playbooks/scale_out.yml through
 ansible-runner: gpu3, the standby host, gets an engine, the workers learn of it,
@@ -61,7 +62,7 @@ GATEWAY = "http://10.78.0.10:8080"
 STANDBY_HOST, STANDBY_ENGINE = "gpu3", "10.78.0.43:8000"
 BASE_ENGINES = {"10.78.0.41:8000", "10.78.0.41:8001", "10.78.0.42:8000"}
 REQUEST = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 32, "ignore_eos": True}
-# Enough clients to keep the queue over the lab's threshold (4) while every engine runs requests; fewer while
+# Enough clients to keep every engine running requests (the lab's saturation point: one each on average); fewer while
 # the scale-out runs, so the new engine gets traffic without starving the playbook of the machine's two cores.
 HEAVY_CLIENTS, LIGHT_CLIENTS = 16, 3
 
@@ -474,7 +475,8 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     scaler: subprocess.Popen[bytes], redis_memory: RedisMemory, tmp_path: Path
 ) -> None:
     assert _scraped_engines() == BASE_ENGINES
-    # ScaleOutNeeded asks for growing intake (this minute against the one before): start from a quiet minute.
+    # Start from a quiet minute: a ScaleOutNeeded left firing by an earlier test's load has resolved, and the
+    # timings below start from this load.
     wait_for(lambda: _intake_rate() == 0, "a minute without requests", timeout_s=180)
     token = mint_token(tmp_path, "--tier", "bench", "--ttl", "1h")
     redis_memory.before_load()

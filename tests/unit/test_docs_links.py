@@ -16,7 +16,8 @@ PAGES = sorted(
 )
 # The README carries the alert table (generated, one row per rule); the rest of the detail lives in docs/.
 # Room for the three tables the issues asked the README to carry: alerts, known failures, headline figures.
-README_MAX_LINES = 205
+# Issue 34 added 15 alert rules (RedisDown, QueueStalled, GPU health, ...): 15 more rows of the generated table.
+README_MAX_LINES = 220
 # [text](target) or [text](target "title"); images too. Not inside code.
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.MULTILINE | re.DOTALL)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -51,6 +51,16 @@ class Entry:
     @property
     def request_id(self) -> str:
         return self.fields.get("id") or self.entry_id
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """One lane stream's backlog (Consumer.backlog)."""
+
+    length: int  # entries in the stream: waiting + in flight
+    pending: int  # in flight: delivered to a worker, not yet acknowledged
+    waiting: int  # queued, not yet taken by any worker
+    oldest_wait_s: float  # age of the oldest waiting entry; 0 when none waits
 
 
 @dataclass(frozen=True)
@@ -323,16 +333,56 @@ class Consumer:
             await pipe.execute()
         return await self.touch(entries, idle_ms=HAND_BACK_IDLE_MS)
 
+    async def backlog(self) -> dict[tuple[str, str], Backlog]:
+        """(lane, model) -> the lane's backlog, each figure read in one step, for the metrics and the alerts.
+
+        For every model this consumer knows, followed now or not, and the legacy lanes while they exist.
+        Entries leave the stream when delivered (DELIVER's XDEL), so the stream holds what waits and what
+        is in flight; the group's PEL holds what is in flight. The oldest waiting entry is the first after
+        the group's last delivered id; its id is its admission time in Redis's clock, compared with TIME
+        from the same server, so the workers' clocks do not matter.
+        """
+        streams = self._streams()
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for lane, model in streams:
+                key = self.keys.lane(lane, model)
+                pipe.xlen(key)
+                pipe.xpending(key, GROUP)
+                pipe.xinfo_groups(key)
+            values = await pipe.execute()
+        seconds, micros = values[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        out: dict[tuple[str, str], Backlog] = {}
+        after: dict[tuple[str, str], str] = {}
+        for index, stream in enumerate(streams):
+            length, pending, groups = values[1 + 3 * index : 4 + 3 * index]
+            in_flight = int(pending.get("pending", 0)) if isinstance(pending, dict) else 0
+            waiting = max(int(length) - in_flight, 0)
+            out[stream] = Backlog(int(length), in_flight, waiting, 0.0)
+            group = next((found for found in groups if found.get("name") == GROUP), None)
+            if waiting and group is not None:
+                after[stream] = str(group.get("last-delivered-id") or "0-0")
+        if after:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for (lane, model), last in after.items():
+                    pipe.xrange(self.keys.lane(lane, model), min=f"({last}", max="+", count=1)
+                firsts = await pipe.execute()
+            for stream, rows in zip(after, firsts, strict=True):
+                if rows:
+                    admitted_ms = int(str(rows[0][0]).split("-", 1)[0])
+                    out[stream] = replace(out[stream], oldest_wait_s=max(now_ms - admitted_ms, 0) / 1000)
+        return out
+
+    def _streams(self) -> list[tuple[str, str]]:
+        return [(lane, model) for model in (*sorted(self.known), *self._legacy()) for lane in self.settings.lanes]
+
     async def depth(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(lane, model) -> (entries in the stream, entries delivered and not yet acknowledged).
 
         For every model this consumer knows, followed now or not, and the legacy lanes while they exist.
         """
-        streams = [
-            (lane, model)
-            for model in (*sorted(self.known), *self._legacy())
-            for lane in self.settings.lanes
-        ]
+        streams = self._streams()
         async with self.client.pipeline(transaction=False) as pipe:
             for lane, model in streams:
                 pipe.xlen(self.keys.lane(lane, model))

@@ -335,9 +335,11 @@ class Worker:
             draining=self.draining,
         )
         await self.consumer.check_legacy()
-        for (lane, model), (length, pending) in (await self.consumer.depth()).items():
-            self.metrics.queue_depth.labels(lane, model).set(length)
-            self.metrics.queue_pending.labels(lane, model).set(pending)
+        for (lane, model), backlog in (await self.consumer.backlog()).items():
+            self.metrics.queue_depth.labels(lane, model).set(backlog.length)
+            self.metrics.queue_pending.labels(lane, model).set(backlog.pending)
+            self.metrics.queue_waiting.labels(lane, model).set(backlog.waiting)
+            self.metrics.queue_oldest_wait.labels(lane, model).set(backlog.oldest_wait_s)
         self.redis_ok = True
 
     # -- one request ----------------------------------------------------------

@@ -13,11 +13,24 @@ from llmfleet.serve.queue.metrics import TOKEN_BUCKETS, MetricSet
 class WorkerMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
+        # The lane's three signals, read from Redis in one step (Consumer.backlog): depth mixes waiting and
+        # in-flight work and is kept for the dashboards; the alert rules read waiting, pending and the oldest
+        # wait, which each mean one thing.
         self.queue_depth = self.gauge(
-            "llmfleet_queue_depth", "Entries in one model's lane stream (queued + in flight)", ["lane", "model"]
+            "llmfleet_queue_depth", "Entries in one model's lane stream (waiting + in flight)", ["lane", "model"]
         )
         self.queue_pending = self.gauge(
-            "llmfleet_queue_pending", "Entries delivered to a worker and not yet acknowledged", ["lane", "model"]
+            "llmfleet_queue_pending",
+            "Entries in flight: delivered to a worker and not yet acknowledged",
+            ["lane", "model"],
+        )
+        self.queue_waiting = self.gauge(
+            "llmfleet_queue_waiting", "Entries waiting: queued and not yet taken by any worker", ["lane", "model"]
+        )
+        self.queue_oldest_wait = self.gauge(
+            "llmfleet_queue_oldest_wait_seconds",
+            "Age of the oldest entry not yet taken by any worker (0 when none waits)",
+            ["lane", "model"],
         )
         self.inflight = self.gauge("llmfleet_worker_inflight", "Requests this worker is processing")
         self.capacity = self.gauge("llmfleet_worker_concurrency", "Requests this worker may process at once")
@@ -58,7 +71,11 @@ class WorkerMetrics(MetricSet):
         )
         self.handed_back = self.counter("llmfleet_worker_handed_back", "Entries handed back unfinished during a drain")
         self.engine_up = self.gauge(
-            "llmfleet_engine_up", "1 when the engine is admitted (healthy, not ejected)", ["engine"]
+            "llmfleet_engine_up", "1 when the engine is admitted (healthy, not ejected, not drained)", ["engine"]
+        )
+        # Drained is planned work (a rolling restart, a scale-in): EngineDown leaves out a drained engine.
+        self.engine_drained = self.gauge(
+            "llmfleet_engine_drained", "1 while the engine is in the queue's drained set (no new requests)", ["engine"]
         )
         self.engine_outstanding = self.gauge(
             "llmfleet_engine_outstanding", "Requests this worker has open on the engine", ["engine"]

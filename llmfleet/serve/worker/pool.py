@@ -71,6 +71,7 @@ class EnginePool:
         self.changed = asyncio.Event()
         for engine in self.engines:
             metrics.engine_up.labels(engine.url).set(0)
+            metrics.engine_drained.labels(engine.url).set(0)
             metrics.engine_outstanding.labels(engine.url).set(0)
 
     def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> Engine | None:
@@ -109,6 +110,7 @@ class EnginePool:
             if drained != engine.drained:
                 log.info("engine %s %s", engine.url, "drained: no new requests" if drained else "takes requests again")
                 engine.drained = drained
+                self.metrics.engine_drained.labels(engine.url).set(1 if drained else 0)
                 self.metrics.engine_up.labels(engine.url).set(1 if engine.admitted(time.monotonic()) else 0)
                 self.changed.set()
 

@@ -26,7 +26,9 @@ _METRIC = re.compile(
     r"(?<![A-Za-z0-9_:\"'])(vllm:[A-Za-z0-9_:]+|llmfleet_[A-Za-z0-9_]+|node_[A-Za-z0-9_]+|redis_[A-Za-z0-9_]+|DCGM_[A-Za-z0-9_]+)"
 )
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
-_SEVERITIES = ("critical", "warning", "info")
+# none: Watchdog's, an alert that always fires to prove the pipeline works; it pages nobody
+# (Alertmanager routes it to its own receiver, an external dead man's switch).
+_SEVERITIES = ("critical", "warning", "info", "none")
 _REQUIRED_ANNOTATIONS = ("summary", "description")
 
 

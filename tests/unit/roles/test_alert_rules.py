@@ -38,6 +38,8 @@ RELEASES = {"0.32.0": KV_CACHE["current"], "0.9.2": KV_CACHE["old"], "0.4.2": KV
 # vLLM 0.4.2 has no preemption counter: a stack on it disables the alert.
 DISABLED = {"0.4.2": ["PreemptionsHigh"]}
 PREEMPTION_TESTS = "preemptions.yml"
+# Alerts that fire all the time by design (the dead man's switch's heartbeat): no state is quiet.
+ALWAYS_FIRING = {"Watchdog"}
 
 
 def promtool() -> str:
@@ -132,7 +134,20 @@ def test_every_alert_has_a_case_that_fires_and_one_that_does_not(rendered: tuple
                 (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
     alerts = {rule["alert"] for rule in _rules(out / "rules.yml")}
     assert alerts - firing == set(), f"alerts with no firing case: {sorted(alerts - firing)}"
-    assert alerts - quiet == set(), f"alerts with no quiet case: {sorted(alerts - quiet)}"
+    assert alerts - ALWAYS_FIRING - quiet == set(), f"alerts with no quiet case: {sorted(alerts - quiet)}"
+    # An always-firing alert has no quiet case: one would fail, or test nothing.
+    assert not ALWAYS_FIRING & quiet
+
+
+def test_watchdog_always_fires_and_pages_nobody(rendered: tuple[str, Path]) -> None:
+    """Its expression is constant, its severity `none` (Alertmanager routes it to the dead man's switch only), and
+    it carries no scale_action, so the scaler never takes it for a scaling request."""
+    _, out = rendered
+    [watchdog] = [rule for rule in _rules(out / "rules.yml") if rule["alert"] == "Watchdog"]
+    assert watchdog["expr"] == "vector(1)" and "for" not in watchdog
+    assert watchdog["labels"] == {"severity": "none"}
+    others = [rule for rule in _rules(out / "rules.yml") if rule["alert"] not in ALWAYS_FIRING]
+    assert all(rule["labels"]["severity"] != "none" for rule in others)
 
 
 def test_the_kv_cache_rules_name_the_releases_metric(rendered: tuple[str, Path]) -> None:
@@ -148,7 +163,7 @@ def test_every_alert_carries_severity_summary_description_and_its_runbook_entry(
     headings = set(re.findall(r"^## (\w+)$", RUNBOOK.read_text(), flags=re.MULTILINE))
     for rule in _rules(out / "rules.yml"):
         name = rule["alert"]
-        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info", "none"}, name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
         assert rule["annotations"]["runbook_url"] == f"docs/runbook.md#{name.lower()}"
         assert name in headings, f"docs/runbook.md has no `## {name}` entry"

@@ -205,3 +205,26 @@ async def test_entries_an_older_gateway_queued_on_the_shared_lanes_are_still_tak
     await consumer.ack(entry)
     depth = await consumer.depth()
     assert depth[("normal", "")] == (0, 0) and depth[("normal", "tiny")] == (0, 0)
+
+
+async def test_the_backlog_tells_waiting_from_in_flight_and_ages_the_oldest_waiting(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    """What the worker exports for the alerts (Consumer.backlog), with the worker's own ACL rights."""
+    settings = QueueSettings(prefix=PREFIX)
+    producer, consumer = await started(settings, clients)
+    quiet = (await consumer.backlog())[("normal", "tiny")]
+    assert (quiet.length, quiet.pending, quiet.waiting, quiet.oldest_wait_s) == (0, 0, 0, 0.0)
+    for _ in range(3):
+        assert (await admit(producer, "normal")).outcome == "admitted"
+    await asyncio.sleep(0.3)
+    assert len(await consumer.take(1)) == 1  # the oldest: one in flight, two waiting
+    await asyncio.sleep(0.2)
+    backlog = (await consumer.backlog())[("normal", "tiny")]
+    assert (backlog.length, backlog.pending, backlog.waiting) == (3, 1, 2)
+    # The second entry is the oldest waiting one: admitted about 0.5 s ago, by Redis's clock.
+    assert 0.4 <= backlog.oldest_wait_s < 5, backlog
+    # All taken: nothing waits, whatever is in flight; the age is 0 again, not the in-flight one's.
+    assert len(await consumer.take(5)) == 2
+    backlog = (await consumer.backlog())[("normal", "tiny")]
+    assert (backlog.length, backlog.pending, backlog.waiting, backlog.oldest_wait_s) == (3, 3, 0, 0.0)

@@ -159,6 +159,12 @@ def test_metrics_is_prometheus_text_with_every_worker_metric(lab: Lab, worker: t
     # report after the worker followed the model, so wait for it rather than race it.
     depth = 'llmfleet_queue_depth{lane="normal",model="tiny"} 0.0'
     wait_for(lambda: depth in fetch(port, "/metrics").body.decode(), 10, depth)
+    # The same report's signals for the alerts: nothing waits, so the oldest wait is 0; the engine is not drained.
+    text = fetch(port, "/metrics").body.decode()
+    for line in ('llmfleet_queue_waiting{lane="normal",model="tiny"} 0.0',
+                 'llmfleet_queue_oldest_wait_seconds{lane="normal",model="tiny"} 0.0',
+                 f'llmfleet_engine_drained{{engine="{lab.engine}"}} 0.0'):
+        assert line in text, line
 
 
 def test_head_answers_the_headers_without_a_body(worker: tuple[Service, int]) -> None:

@@ -141,9 +141,16 @@ def test_a_drained_engine_gets_nothing_new_and_says_so_until_undrained() -> None
         reports = {report.url: report for report in engines.reports()}
         assert (reports[a_url].drained, reports[a_url].healthy) == (True, False)
         assert engines.changed.is_set(), "draining wakes requests waiting for an engine"
+        # Not admitted, and drained: the metrics tell planned work from an outage (EngineDown leaves it out).
+        metric = engines.metrics.registry.get_sample_value
+        assert metric("llmfleet_engine_up", {"engine": a_url}) == 0
+        assert metric("llmfleet_engine_drained", {"engine": a_url}) == 1
+        assert metric("llmfleet_engine_drained", {"engine": b_url}) == 0
         engines.set_drained(set())
         assert {engines.pick("tiny").url for _ in range(3)} == set(fakes.urls)
         assert not any(report.drained for report in engines.reports())
+        assert metric("llmfleet_engine_up", {"engine": a_url}) == 1
+        assert metric("llmfleet_engine_drained", {"engine": a_url}) == 0
 
     with_pool(test)
 

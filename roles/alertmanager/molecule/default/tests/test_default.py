@@ -71,7 +71,7 @@ def test_the_token_is_a_file_only_the_service_user_reads(host):
 def test_the_running_configuration_has_the_scaler_and_passes_amtool(host, api):
     status = httpx.get(f"{api}/status", timeout=10).json()
     config = yaml.safe_load(status["config"]["original"])
-    assert {receiver["name"] for receiver in config["receivers"]} == {"operators", "scaler"}
+    assert {receiver["name"] for receiver in config["receivers"]} == {"operators", "chat", "watchdog", "scaler"}
     host.run_expect([0], "amtool check-config /etc/prometheus/alertmanager.yml")
 
 
