@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from llmfleet.build import alertdocs
+from llmfleet.build import alertdocs, clidocs
 from llmfleet.errors import LlmfleetError
 from llmfleet.paths import REPO_ROOT
 
@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     roles.add_argument("--check", action="store_true", help="only report whether they are current")
     roles.set_defaults(handler=_roles)
     alertdocs.register(actions)
+    clidocs.register(actions)
 
 
 def load_roles(repo: Path) -> list[Role]:
