@@ -376,20 +376,3 @@ class Consumer:
 
     def _streams(self) -> list[tuple[str, str]]:
         return [(lane, model) for model in (*sorted(self.known), *self._legacy()) for lane in self.settings.lanes]
-
-    async def depth(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """(lane, model) -> (entries in the stream, entries delivered and not yet acknowledged).
-
-        For every model this consumer knows, followed now or not, and the legacy lanes while they exist.
-        """
-        streams = self._streams()
-        async with self.client.pipeline(transaction=False) as pipe:
-            for lane, model in streams:
-                pipe.xlen(self.keys.lane(lane, model))
-                pipe.xpending(self.keys.lane(lane, model), GROUP)
-            values = await pipe.execute()
-        out = {}
-        for index, stream in enumerate(streams):
-            pending = values[2 * index + 1]
-            out[stream] = (int(values[2 * index]), int(pending.get("pending", 0)) if isinstance(pending, dict) else 0)
-        return out

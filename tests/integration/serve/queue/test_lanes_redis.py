@@ -203,8 +203,9 @@ async def test_entries_an_older_gateway_queued_on_the_shared_lanes_are_still_tak
     [entry] = await consumer.take(5)
     assert (entry.entry_id, entry.model, entry.lane) == (entry_id, "", "normal")
     await consumer.ack(entry)
-    depth = await consumer.depth()
-    assert depth[("normal", "")] == (0, 0) and depth[("normal", "tiny")] == (0, 0)
+    backlog = await consumer.backlog()
+    assert [(backlog[stream].length, backlog[stream].pending) for stream in [("normal", ""), ("normal", "tiny")]] == [
+        (0, 0), (0, 0)]
 
 
 async def test_the_backlog_tells_waiting_from_in_flight_and_ages_the_oldest_waiting(

@@ -175,7 +175,7 @@ async def queue_round_trip(address: str) -> dict:
         seq = await consumer.chunk(taken, start.attempt, 1, "hel", 1, ["{}"])
         touched = await consumer.touch([entry])
         cancelled = await consumer.cancelled([request_id])
-        worker_depth = await consumer.depth()
+        worker_backlog = await consumer.backlog()
         delivered = await consumer.deliver(entry, taken, start.attempt, Result(200, {"text": "hello"}), fenced=True)
 
         result = await producer.result(request_id)
@@ -194,7 +194,7 @@ async def queue_round_trip(address: str) -> dict:
             "seq": seq,
             "touched": touched,
             "cancelled": cancelled,
-            "pending": worker_depth[("normal", "tiny")][1],
+            "pending": worker_backlog[("normal", "tiny")].pending,
             "delivered": delivered,
             "result": result.body if result else None,
             "state": state.get("state"),
