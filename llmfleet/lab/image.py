@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab.engine import docker
-from llmfleet.paths import cache_dir
+from llmfleet.paths import cache_dir, exclusive_build
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,16 @@ def ensure_base_image() -> str:
     """Return the image reference, building it only when its key is new."""
     mirror = debian_mirror()
     reference = f"{IMAGE_REPOSITORY}:{content_key(mirror)}"
-    if not image_exists(reference):
-        archive = cache_dir() / "images" / f"debian12-systemd-{content_key(mirror)}.tar"
-        if not archive.is_file():
-            _build_rootfs_archive(mirror, archive)
-        _import(archive, reference)
-    docker("tag", reference, f"{IMAGE_REPOSITORY}:latest")
+    images = cache_dir() / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: scripts/test.sh runs `lab prepare roles` and `lab prepare engines` side by side.
+    with exclusive_build(images / ".debian12-systemd.lock", "the lab base image"):
+        if not image_exists(reference):
+            archive = images / f"debian12-systemd-{content_key(mirror)}.tar"
+            if not archive.is_file():
+                _build_rootfs_archive(mirror, archive)
+            _import(archive, reference)
+        docker("tag", reference, f"{IMAGE_REPOSITORY}:latest")
     return reference
 
 
