@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.lab import standin_pci
 from llmfleet.lab.engine import docker
 from llmfleet.lab.topology import Lab, LabHost
 
@@ -166,6 +167,8 @@ def _container_state(host: LabHost) -> str:
 def _create(lab: Lab, host: LabHost, image: str) -> None:
     log.info("Creating lab host %s (%s)", host.name, host.address)
     docker("volume", "create", "--label", lab.label, host.docker_volume)
+    # The STAND-IN PCI listing with NVSwitches, read-only over the host's own PCI devices.
+    pci = ["--volume", f"{standin_pci.ensure_tree()}:{standin_pci.MOUNT_POINT}:ro"] if host.standin_pci else []
     docker(
         "run",
         "--detach",
@@ -181,6 +184,7 @@ def _create(lab: Lab, host: LabHost, image: str) -> None:
         host.address,
         "--volume",
         f"{host.docker_volume}:/var/lib/docker",
+        *pci,
         *SYSTEMD_RUN_FLAGS,
         image,
     )

@@ -28,6 +28,9 @@ class LabHost:
     # True for hosts that get the STAND-IN NVIDIA package repository (GPU-less
     # stand-ins for the GPU hosts): the groups in all.vars.lab_standin_groups.
     standins: bool = False
+    # True for a host whose /sys/bus/pci/devices is the STAND-IN PCI listing with
+    # NVSwitches (llmfleet.lab.standin_pci): its host entry sets lab_standin_pci: true.
+    standin_pci: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def load_lab(inventory: Path = DEFAULT_INVENTORY) -> Lab:
                 tuple(groups),
                 f"{container}-docker",
                 standins=bool(standin_groups.intersection(groups)),
+                standin_pci=host_vars[host].get("lab_standin_pci") is True,
             )
         )
     if not hosts:

@@ -93,6 +93,16 @@ def test_a_stack_added_to_the_table_gets_its_stand_ins(tmp_path: Path) -> None:
     assert {("cuda-toolkit-12-9", "12.9.1-1"), ("cuda-nvcc-12-9", "12.9.1-1")} <= made
 
 
+def test_fabric_manager_stand_ins_match_the_driver_pin_and_not_the_security_update(
+    packages: dict[str, list[str]],
+) -> None:
+    # Fabric Manager exists at the pinned driver's version, at another release the running driver must
+    # refuse, and not at bookworm-security's driver, which the Molecule scenario's side effect pins.
+    for name in ("nvidia-fabricmanager-535", "libnvidia-nscq-535"):
+        assert packages[name] == ["535.261.03-1", "535.274.02-1"], name
+    assert "535.309.01-0+deb12u1" in packages["nvidia-driver"]
+
+
 def test_the_driver_scenario_pins_a_version_that_exists(packages: dict[str, list[str]]) -> None:
     converge = yaml.safe_load((ROLES / "nvidia_driver" / "molecule" / "default" / "converge.yml").read_text())
     pinned = converge[0]["vars"]["nvidia_driver_version"]
@@ -193,6 +203,36 @@ def test_stand_in_nvidia_smi_answers_in_the_real_nvidia_smi_shape(tmp_path: Path
         assert row[7] in {"Enabled", "Disabled"}
         numeric = [index for index in range(len(row)) if index not in (1, 7)]
         assert [_shape(row[i]) for i in numeric] == [_shape(real_row[i]) for i in numeric], row
+
+
+def _driver(tmp_path: Path, answer: str) -> dict[str, str]:
+    """PATH with a FAKE nvidia-smi that prints `answer` as the running driver ('' fails, as with no driver)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n# FAKE nvidia-smi\n[ -n '{answer}' ] || exit 9\necho '{answer}'\n")
+    smi.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+@pytest.mark.parametrize(
+    ("running", "said"),
+    [
+        (
+            "535.261.03",
+            "Fabric Manager version 535.274.02 does not match the running NVIDIA driver version 535.261.03;"
+            " it starts only with a driver of exactly its own version.",
+        ),
+        ("", "no NVIDIA driver answers (nvidia-smi failed): cannot start"),
+    ],
+)
+def test_stand_in_fabric_manager_refuses_another_driver(tmp_path: Path, running: str, said: str) -> None:
+    # The matching start (it forks a daemon under /run) runs in the nvidia_driver role's Molecule scenario.
+    fm = _render(tmp_path, "nvidia-fabricmanager-535", "535.274.02-1", "nv-fabricmanager")
+    result = subprocess.run(["sh", fm], capture_output=True, text=True, check=False, env=_driver(tmp_path, running))
+    assert result.returncode == 1
+    assert "llmfleet STAND-IN nv-fabricmanager 535.274.02: not NVIDIA's Fabric Manager" in result.stdout
+    assert said in result.stderr
 
 
 def test_stand_in_nvidia_ctk_writes_a_labelled_cdi_spec(tmp_path: Path) -> None:

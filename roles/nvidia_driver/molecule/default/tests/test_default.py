@@ -3,7 +3,10 @@
 The packages are llmfleet STAND-INs (files/standins/, NOT NVIDIA's packages)
 with Debian 12's real names and versions; the repository also offers the newer
 535.309.01-0+deb12u1 from bookworm-security, so the pin and the hold are what
-keep 535.261.03-1. Values are converge.yml's.
+keep 535.261.03-1. Values are converge.yml's. The host's PCI bus is a STAND-IN
+listing with four NVSwitches (prepare.yml), so the role installed NVIDIA Fabric
+Manager (stand-ins of NVIDIA's repository's packages) at the driver's version;
+side_effect.yml has provoked and undone the faults before these run.
 """
 
 from __future__ import annotations
@@ -19,24 +22,29 @@ PINNED = {
 COMPANIONS = {"nvidia-persistenced": "535.171.04-1~deb12u1"}
 NEWER = "535.309.01-0+deb12u1"
 PIN_FILE = "/etc/apt/preferences.d/llmfleet-nvidia-driver"
+# NVIDIA Fabric Manager and NSCQ, at the driver's version exactly; the stand-in
+# repository also offers 535.274.02-1, which the pin must refuse.
+FABRIC_MANAGER = {"nvidia-fabricmanager-535": "535.261.03-1", "libnvidia-nscq-535": "535.261.03-1"}
+FM_PIN_FILE = "/etc/apt/preferences.d/llmfleet-nvidia-fabricmanager"
+PERSISTENCE_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/90-llmfleet-persistence-mode.conf"
 MARKER = "/var/lib/llmfleet/nvidia-driver-reboot-required"
 
 
-@pytest.mark.parametrize(("name", "version"), {**PINNED, **COMPANIONS}.items())
+@pytest.mark.parametrize(("name", "version"), {**PINNED, **COMPANIONS, **FABRIC_MANAGER}.items())
 def test_package_is_installed_at_the_pinned_version(host, name, version):
     package = host.package(name)
     assert package.is_installed
     assert package.version == version
 
 
-@pytest.mark.parametrize("name", [*PINNED, *COMPANIONS])
+@pytest.mark.parametrize("name", [*PINNED, *COMPANIONS, *FABRIC_MANAGER])
 def test_package_is_held(host, name):
     assert host.check_output(f"dpkg-query -W -f='${{Status}}' {name}").startswith("hold ")
 
 
 def test_packages_are_stand_ins(host):
     # The lab never mistakes these for NVIDIA's packages.
-    for name in [*PINNED, *COMPANIONS]:
+    for name in [*PINNED, *COMPANIONS, *FABRIC_MANAGER]:
         assert "llmfleet STAND-IN" in host.check_output(f"dpkg-query -W -f='${{Description}}' {name}")
 
 
@@ -108,3 +116,55 @@ def test_unattended_upgrades_leave_kernels_alone(host):
     dumped = host.check_output("apt-config dump Unattended-Upgrade::Package-Blacklist")
     for pattern in ("^linux-image-", "^linux-headers-", "^linux-modules-"):
         assert f'"{pattern}";' in dumped
+
+
+def test_the_pci_bus_is_the_stand_in_listing_with_nvswitches(host):
+    # What the role detected Fabric Manager's need from (prepare.yml), labelled as a stand-in at its source.
+    classes = host.check_output("cat /sys/bus/pci/devices/*/class").split()
+    assert classes.count("0x068000") == 4
+    assert host.file("/srv/llmfleet-standins-pci/0000:05:00.0/device").content_string.strip() == "0x22a3"
+
+
+def test_fabric_manager_pin_file_pins_the_drivers_version(host):
+    pin = host.file(FM_PIN_FILE)
+    assert pin.exists
+    assert pin.mode == 0o644
+    content = pin.content_string
+    assert "Package: nvidia-fabricmanager-535 libnvidia-nscq-535\n" in content
+    assert "Pin: version 535.261.03-*\n" in content
+    assert "Pin-Priority: 1001\n" in content
+
+
+def test_fabric_manager_pin_wins_over_the_newer_release(host):
+    policy = host.check_output("apt-cache policy nvidia-fabricmanager-535")
+    assert "535.274.02-1" in policy, "the repository must offer another version, or this test proves nothing"
+    assert "Candidate: 535.261.03-1" in policy
+
+
+def test_fabric_manager_runs_with_the_driver_of_its_version(host):
+    service = host.service("nvidia-fabricmanager")
+    assert service.is_running
+    assert service.is_enabled
+    assert host.file("/run/nvidia-fabricmanager/nv-fabricmanager.pid").exists
+    journal = host.check_output("journalctl --unit nvidia-fabricmanager --no-pager --output cat")
+    assert "llmfleet STAND-IN nv-fabricmanager 535.261.03: started with driver 535.261.03" in journal
+
+
+def test_persistence_daemon_runs_the_units_line_in_persistence_mode(host):
+    dropin = host.file(PERSISTENCE_DROPIN)
+    assert dropin.exists
+    assert dropin.mode == 0o644
+    # Debian's unit (the stand-in carries its ExecStart) with --persistence-mode added.
+    line = "ExecStart=/usr/bin/nvidia-persistenced --user nvpd --persistence-mode"
+    assert f"\nExecStart=\n{line}\n" in dropin.content_string
+    shown = host.check_output("systemctl show --property=ExecStart --value nvidia-persistenced")
+    assert "argv[]=/usr/bin/nvidia-persistenced --user nvpd --persistence-mode " in shown
+    # side_effect.yml's --no-persistence-mode drop-in is gone.
+    directory, name = PERSISTENCE_DROPIN.rsplit("/", 1)
+    assert host.check_output(f"ls {directory}").split() == [name]
+
+
+def test_every_gpu_is_in_persistence_mode(host):
+    result = host.run("nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader")
+    assert result.rc == 0
+    assert result.stdout.splitlines() == ["0, Enabled", "1, Enabled"]
