@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 # a working venv module (pyenv, a custom build) is used as it is; docker.io
 # only when no engine exists, so a machine with Docker CE keeps it.
 # prometheus: promtool, which the alert rule tests run (tests/unit/roles/test_alert_rules.py).
-packages=(git debootstrap redis-server equivs dpkg-dev prometheus openssh-client)
+# prometheus-alertmanager: the Alertmanager the maintenance silences are tested against
+# (tests/integration/ops/test_maintenance_silence.py), and amtool.
+packages=(git debootstrap redis-server equivs dpkg-dev prometheus prometheus-alertmanager openssh-client)
 command -v python3 >/dev/null || packages+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v dockerd >/dev/null || packages+=(docker.io)

@@ -5,8 +5,9 @@ files/engine_metrics/ holds
   regenerated here from a running engine's /metrics (`llmfleet engine metrics
   --regenerate`); older releases were read from their own source, as each file's
   provenance says;
-- llmfleet.json: the gateway's and the workers' metrics, generated from their
-  registries (llmfleet_document), so it cannot drift from the code;
+- llmfleet.json: the gateway's, the workers' and the scaler's metrics,
+  generated from their registries (llmfleet_document), so it cannot drift from
+  the code;
 - exporters.json: the node, Redis and GPU (DCGM) exporters' metrics the alert
   rules and dashboards use, with the version and source they come from.
 
@@ -118,9 +119,10 @@ def engine_document(version: str, exposition: str, served_with: str) -> dict[str
 def _metric_sets() -> dict[str, Any]:
     """The services' metric sets by name: one registry each (imported here: they pull in the service code)."""
     from llmfleet.serve.gateway.metrics import GatewayMetrics
+    from llmfleet.serve.scaler.metrics import ScalerMetrics
     from llmfleet.serve.worker.metrics import WorkerMetrics
 
-    return {"gateway": GatewayMetrics(), "worker": WorkerMetrics()}
+    return {"gateway": GatewayMetrics(), "worker": WorkerMetrics(), "scaler": ScalerMetrics()}
 
 
 def _exposition(metric_set: Any) -> str:
@@ -136,7 +138,7 @@ def _exposition(metric_set: Any) -> str:
 
 
 def llmfleet_document() -> dict[str, Any]:
-    """The catalog of llmfleet's own metrics, from the gateway's and the workers' registries."""
+    """The catalog of llmfleet's own metrics, from the gateway's, the workers' and the scaler's registries."""
     merged: dict[str, dict[str, Any]] = {}
     sources = _metric_sets()
     for service, metric_set in sources.items():

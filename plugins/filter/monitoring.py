@@ -1,11 +1,15 @@
 """Filters that read Prometheus's scrape targets out of the inventory.
 
 playbooks/monitoring.yml passes the prometheus role its targets by job
-(vllm, gateway, worker, redis, node, gpu), each a list of "host:port", derived
-from the inventory groups and each host's variables, so no address or port is
-written twice:
+(vllm, gateway, worker, redis, node, gpu, scaler), each a list of "host:port",
+derived from the inventory groups and each host's variables, so no address or
+port is written twice:
 
-    prometheus_targets: "{{ groups | scrape_targets(hostvars, __groups, __role_defaults) }}"
+    prometheus_targets: "{{ groups | scrape_targets(hostvars, __groups, __role_defaults, scaler_url) }}"
+
+The scaler's target is where Alertmanager posts the scaling alerts
+(alertmanager_scaler_url): Alertmanager runs beside Prometheus on the
+monitoring hosts, so Prometheus reaches the scaler at the same address.
 
 `role_defaults` maps a role name to its defaults/main.yml (read on the
 controller): a port or count a host does not set is the role's default. Only
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from ansible.errors import AnsibleFilterError
 
-JOBS = ("vllm", "gateway", "worker", "redis", "node", "gpu")
+JOBS = ("vllm", "gateway", "worker", "redis", "node", "gpu", "scaler")
 # The inventory groups each job's targets come from.
 GROUP_KEYS = ("engines", "standby", "gateways", "redis", "all")
 
@@ -56,11 +61,24 @@ def _endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def _url_endpoint(url: str) -> str:
+    """host:port of an http(s) URL, the scheme's port when it names none."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}[parts.scheme]
+    except (KeyError, ValueError) as error:
+        raise AnsibleFilterError(f"the scaler's URL must be http(s)://host[:port]/..., not {url!r}") from error
+    if not parts.hostname:
+        raise AnsibleFilterError(f"the scaler's URL names no host: {url!r}")
+    return _endpoint(parts.hostname, port)
+
+
 def scrape_targets(
     groups: Mapping[str, Sequence[str]],
     hostvars: Mapping[str, Any],
     group_names: Mapping[str, str],
     role_defaults: Mapping[str, Mapping[str, Any]],
+    scaler_url: str = "",
 ) -> dict[str, list[str]]:
     """Prometheus's targets by job, "host:port" each, in inventory order.
 
@@ -68,7 +86,8 @@ def scrape_targets(
     inventory's group names. Engines are published where the workers call them
     (vllm_publish_address, as the engine_urls filter reads it), so EngineDown's
     `instance` is the engine the workers name. A GPU host gets a gpu target
-    unless gpu_exporter_enabled is false for it.
+    unless gpu_exporter_enabled is false for it. The scaler is scraped at the
+    host:port of scaler_url (alertmanager_scaler_url; empty: no scaler target).
     """
     missing = [key for key in GROUP_KEYS if key not in group_names]
     if missing:
@@ -125,6 +144,8 @@ def scrape_targets(
         variables = variables_of(host)
         add("node", _endpoint(_address(variables, host),
                               _setting(variables, role_defaults.get("node_exporter", {}), "node_exporter_port")))
+    if scaler_url:
+        add("scaler", _url_endpoint(str(scaler_url)))
     return targets
 
 

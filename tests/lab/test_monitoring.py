@@ -8,14 +8,21 @@ judge the same site. The lab has no GPU: no gpu target (docs/monitoring.md).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from llmfleet.paths import REPO_ROOT
 from tests.lab.helpers import PlaybookRun, on_host, prometheus, wait_for
+from tests.tools import LLMFLEET
 
 MONITORING_ADDRESS = "10.78.0.30"  # mon1 in the test lab (inventories/lab, moved to 10.78.0.0/24)
 ALERTMANAGER = f"http://{MONITORING_ADDRESS}:9093"
@@ -25,9 +32,11 @@ HOSTS = {"gw1": "10.78.0.10", "redis1": "10.78.0.20", "mon1": "10.78.0.30",
          "gpu1": "10.78.0.41", "gpu2": "10.78.0.42", "gpu3": "10.78.0.43"}
 # Every target the inventory implies, by job: engines where the workers call them (gpu1 runs two), the gateway's ops
 # listener (gateway_ops_port 9300, not the API port) and its two workers (worker_metrics_port 9400 + N - 1), the
-# Redis exporter, a node exporter on every host, and Prometheus itself (its notification counters feed
-# AlertmanagerUnreachable), at its listen address.
+# Redis exporter, a node exporter on every host, Prometheus itself (its notification counters feed
+# AlertmanagerUnreachable), at its listen address, and the scaler where Alertmanager posts to it
+# (alertmanager_scaler_url: its results feed ScalerActionFailed, ScalerGaveUp and ScalerStuck).
 EXPECTED_TARGETS = {
+    ("scaler", f"{SCALER_ADDRESS}:9095"),
     ("prometheus", f"{MONITORING_ADDRESS}:9090"),
     ("vllm", "10.78.0.41:8000"), ("vllm", "10.78.0.41:8001"), ("vllm", "10.78.0.42:8000"),
     ("gateway", "10.78.0.10:9300"),
@@ -39,7 +48,8 @@ ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "QueueStalled", "ScaleOutNeeded",
           "EngineDown", "WorkerDown", "GatewayDown", "TTFTp95High", "PreemptionsHigh", "DeadLetterGrowing",
           "RedisMemoryHigh", "RedisDown", "GatewayErrorsHigh", "RequestsLost", "WorkerErrorsHigh", "TargetDown",
           "DiskFillingUp", "AlertmanagerUnreachable", "Watchdog", "GPUUnderutilizedWhileQueued",
-          "GPUMemoryHeldWithoutEngine", "GPUXidErrors", "GPUTemperatureHigh", "GPUEccErrors"}
+          "GPUMemoryHeldWithoutEngine", "GPUXidErrors", "GPUTemperatureHigh", "GPUEccErrors",
+          "ScalerActionFailed", "ScalerGaveUp", "ScalerStuck"}
 # Fires all the time by design (the dead man's switch's heartbeat): never a sign that something is wrong.
 ALWAYS_FIRING = {"Watchdog"}
 LAB_SECRETS = {"redis1": "lab-only-not-a-secret-exporter-3c8d", "mon1": "lab-only-not-a-secret-scaler-token-a61f"}
@@ -53,6 +63,41 @@ def _query(query: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module", autouse=True)
 def converged(converged_site: PlaybookRun) -> None:
     assert converged_site.returncode == 0, converged_site.output[-5000:]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scaler(converged: None, lab_inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The lab's scaler on the build machine, in dry-run mode (it decides, runs nothing), while this module runs.
+
+    The lab runs its scaler only while a test needs it (test_scaling.py starts its own after this module): here it
+    is up so that Prometheus's scaler target is, as on a site where it runs all the time.
+    """
+    scratch = tmp_path_factory.mktemp("monitoring-scaler")
+    secrets = yaml.safe_load((lab_inventory / "group_vars" / "all" / "lab_secrets.yml").read_text())
+    token_file = scratch / "token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(secrets["alertmanager_scaler_token"])
+    settings = {"TOKEN_FILE": str(token_file), "PROJECT_DIR": str(REPO_ROOT),
+                "INVENTORY": json.dumps([str(lab_inventory)]), "HOST": SCALER_ADDRESS, "PORT": "9095",
+                "STATE_DIR": str(scratch / "state"), "DRY_RUN": "true"}
+    env = {**os.environ, **{f"LLMFLEET_SCALER_{name}": value for name, value in settings.items()}}
+    with (scratch / "scaler.log").open("wb") as log:
+        process = subprocess.Popen([*LLMFLEET, "scaler", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: process.poll() is not None or _scaler_healthy(), "the scaler to answer /healthz",
+                 timeout_s=60)
+        assert process.poll() is None, (scratch / "scaler.log").read_text()
+        yield
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def _scaler_healthy() -> bool:
+    try:
+        return httpx.get(f"http://{SCALER_ADDRESS}:9095/healthz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def _targets() -> dict[tuple[str, str], str]:
@@ -115,6 +160,7 @@ def test_the_metrics_behind_the_alerts_arrive() -> None:
         ("llmfleet_gateway_redis_up", {"gateway"}),
         ("redis_memory_max_bytes > 0", {"redis"}),
         ("node_memory_MemAvailable_bytes", {"node"}),
+        ("llmfleet_scaler_playbook_timeout_seconds", {"scaler"}),
     ]:
         result: list[dict[str, Any]] = wait_for(partial(_query, query), f"series for {query}")
         assert {sample["metric"]["job"] for sample in result} == jobs, query

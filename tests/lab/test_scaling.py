@@ -5,9 +5,10 @@ is one request running per engine: inventories/lab/group_vars/monitoring/lab.yml
 Prometheus on mon1 fires ScaleOutNeeded (scale_kind engines), Alertmanager
 posts it to the scaler, and the scaler runs playbooks/scale_out.yml through
 ansible-runner: gpu3, the standby host, gets an engine, the workers learn of it,
-Prometheus scrapes it, and it serves. When the load stops, ScaleInPossible
-follows: the scaler drains gpu3's engine and removes it (scale_in.yml). Every
-request the gateway accepted is answered.
+Prometheus scrapes it, and it serves. When the load drops to a trickle (a
+few requests a second, never none), ScaleInPossible follows: the scaler
+drains gpu3's engine and removes it (scale_in.yml). Every request the gateway
+accepted is answered.
 
 The same load shows that answers do not fill Redis (issue 17): while it runs,
 redis1's memory limit (noeviction) is held just above what the queue's
@@ -65,6 +66,9 @@ REQUEST = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 32, "ign
 # Enough clients to keep every engine running requests (the lab's saturation point: one each on average); fewer while
 # the scale-out runs, so the new engine gets traffic without starving the playbook of the machine's two cores.
 HEAVY_CLIENTS, LIGHT_CLIENTS = 16, 3
+# Scale-in's traffic: one client pausing after each answer, a few requests a second and never none, but at most one
+# running at a time, which the three engines left after scale-in carry far under their scale-out point.
+TRICKLE_CLIENTS, TRICKLE_PAUSE_S = 1, 0.3
 
 # redis1, the lab's Redis, and the queue's keys there. The lab's gateway and workers run the queue's defaults
 # (inventories/lab sets no LLMFLEET_QUEUE_*): a delivered plain answer's result and job record are kept
@@ -112,12 +116,13 @@ class Load:
     answer came.
     """
 
-    def __init__(self, token: str, clients: int) -> None:
+    def __init__(self, token: str, clients: int, pause_s: float = 0.0) -> None:
         self.outcomes: Counter[int | str] = Counter()
         self.retried_connections = 0
         # time.monotonic() of each 200, in order (appended under the lock).
         self._answered_at: list[float] = []
         self._headers = {"Authorization": f"Bearer {token}"}
+        self._pause_s = pause_s  # between one answer and the next request: a trickle instead of a closed loop
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client) for _ in range(clients)]
@@ -145,6 +150,8 @@ class Load:
                         self._answered_at.append(time.monotonic())
                 if status != 200:
                     self._stop.wait(0.2)  # counted; no tight loop against a refusing gateway
+                elif self._pause_s:
+                    self._stop.wait(self._pause_s)
 
     def _request(self, http: httpx.Client) -> int | str:
         failure = "never sent"
@@ -209,6 +216,14 @@ def _note_pending_scale_out() -> None:
     for alert in prometheus("alerts")["alerts"]:
         if alert["labels"]["alertname"] == "ScaleOutNeeded" and alert["labels"].get("scale_kind") == "engines":
             TIMELINE.mark("condition true", _seconds(alert["activeAt"]))
+
+
+def _failed_engine_scrapes(marks: dict[str, float]) -> float:
+    """Scrapes of the vllm job that failed (up 0) between the load's start and the scaler's decision."""
+    window = max(int(marks["scaler took the alert"] - marks["load started"]), 5)
+    query = (f'sum(count_over_time(up{{job="vllm"}}[{window}s]) - sum_over_time(up{{job="vllm"}}[{window}s]))')
+    result = prometheus("query", query=query, time=str(marks["scaler took the alert"]))["result"]
+    return float(result[0]["value"][1]) if result else 0.0
 
 
 def _check_running(scaler: subprocess.Popen[bytes]) -> None:
@@ -522,27 +537,39 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     _report(f"  alerting, condition true to the scaler's decision: {span('condition true', 'scaler took the alert')}"
           f" (for: {span('condition true', 'alert fired')}, group wait and webhook"
           f" {span('alert fired', 'scaler took the alert')})")
+    # When `for:` runs much longer than the lab's 15 s, the condition went false between evaluations: say whether
+    # an engine scrape failed meanwhile (a scrape past its 4 s timeout on the loaded machine drops the series).
+    _report(f"  engine scrapes failed from the load's start to the decision: {_failed_engine_scrapes(marks):.0f}")
     _report(f"  Ansible, the decision to the first request served on {STANDBY_HOST}: "
           f"{span('scaler took the alert', 'new engine served')} (scale_out.yml {end['duration_s']:.1f} s)")
     _check_redis_memory(redis_memory, sum(load.answers() for load in loads))
 
 
-def test_quiet_removes_the_added_host_drained(scaler: subprocess.Popen[bytes]) -> None:
+def test_a_trickle_removes_the_added_host_drained(scaler: subprocess.Popen[bytes], tmp_path: Path) -> None:
     assert "new engine served" in TIMELINE.marks, "the scale-out did not happen: nothing to scale in"
-    quiet = time.time()
-    decision = wait_for(partial(_scale_in_taken, scaler), "the scaler to take a scale-in",
-                        timeout_s=300)
-    assert decision["action"]["host"] == STANDBY_HOST, decision
-    end = wait_for(partial(_action_end, decision["action"]["id"]), "the scale-in playbook to end", timeout_s=600)
-    assert end["result"] == "successful", _run_output(end)
-    # Drained, then removed: no engine container on gpu3, no request cut (the workers' drain), and Prometheus
-    # no longer scrapes it, so no EngineDown follows. Prometheus rereads the scrape targets on the file's
-    # change, but hands them to its scrape pools at most every 5 s: wait for that, not for a fixed time.
-    assert on_host(STANDBY_HOST, "docker", "ps", "-aq", "--filter", "label=llmfleet.role=vllm").strip() == ""
-    wait_for(lambda: _scraped_engines() == BASE_ENGINES, "Prometheus to stop scraping gpu3's engine", timeout_s=60)
-    firing = [alert["labels"] for alert in prometheus("alerts")["alerts"]
-              if alert["labels"]["alertname"] == "EngineDown" and alert["state"] == "firing"]
-    assert firing == [], firing
-    _report(f"scale-in: quiet to scaler {decision['time'] - quiet:.1f} s, playbook {end['duration_s']:.1f} s")
+    # Light, steady traffic that never stops (issue 34): one client, a short pause after each answer, so a
+    # request or none runs at any moment. ScaleInPossible must fire through it, and the drain must cut none of it.
+    token = mint_token(tmp_path, "--tier", "bench", "--ttl", "1h")
+    trickle = Load(token, TRICKLE_CLIENTS, pause_s=TRICKLE_PAUSE_S)
+    started = time.time()
+    try:
+        decision = wait_for(partial(_scale_in_taken, scaler), "the scaler to take a scale-in", timeout_s=300)
+        assert decision["action"]["host"] == STANDBY_HOST, decision
+        end = wait_for(partial(_action_end, decision["action"]["id"]), "the scale-in playbook to end",
+                       timeout_s=600)
+        assert end["result"] == "successful", _run_output(end)
+        # The trickle goes on after the drain: its next answers come from the engines that stay.
+        drained = time.monotonic()
+        wait_for(lambda: trickle.answers(since=drained) >= TRICKLE_CLIENTS * 3, "the trickle to be answered after "
+                 "the scale-in", timeout_s=60)
+    finally:
+        trickle.stop()
+    assert set(trickle.outcomes) == {200}, f"trickle requests not answered: {dict(trickle.outcomes)}"
+    minutes = (time.time() - started) / 60
+    # At least one answer every 5 s, the lab's scrape and evaluation interval: traffic at every evaluation.
+    assert trickle.answers() / minutes >= 12, f"not a trickle: {trickle.answers()} answers in {minutes:.1f} min"
+    _report(f"scale-in under a trickle of {trickle.answers() / minutes:.0f} requests a minute, all answered: trickle "
+            f"started to the scaler's decision {decision['time'] - started:.1f} s, drained and removed by the "
+            f"playbook in {end['duration_s']:.1f} s")
     state = json.loads((SCALER_LOGS / "state" / "state.json").read_text())
     assert state["engines_added"] == [] and state["membership"]["engine_hosts"] == [], state

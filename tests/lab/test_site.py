@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from tests.lab.helpers import (
 )
 
 LAB_HOSTS = {"gw1", "redis1", "mon1", "gpu1", "gpu2", "gpu3"}
+ALERTMANAGER = "http://10.78.0.30:9093"  # mon1's Alertmanager in the test lab (inventories/lab, moved to 10.78.0.0/24)
 # The serving hosts and their addresses in the test lab (inventories/lab, moved to 10.78.0.0/24).
 ENGINE_HOSTS = {"gpu1": "10.78.0.41", "gpu2": "10.78.0.42"}
 # Each engine as (host, engine name, port): gpu1 runs two, one per "GPU group"
@@ -144,6 +146,24 @@ def test_an_engine_refuses_v1_without_its_api_key(lab_inventory: Path) -> None:
         assert httpx.get(f"{url}/v1/models", headers=wrong, timeout=10).status_code == 401
         assert httpx.get(f"{url}/v1/models", headers=ENGINE_AUTH, timeout=10).status_code == 200
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_the_nvswitch_host_runs_fabric_manager_at_the_driver_version_and_every_gpu_persists() -> None:
+    # Issue 29, with STAND-INS: gpu1 carries the stand-in PCI listing of an HGX board (files/standins/pci-devices.yml,
+    # four NVSwitches), whose stand-in Fabric Manager starts only at the driver's exact version; gpu2 and gpu3 have
+    # no switch fabric and must get no Fabric Manager.
+    assert on_host("gpu1", "systemctl", "is-active", "nvidia-fabricmanager").strip() == "active"
+    held = on_host("gpu1", "dpkg-query", "-W", "-f=${Version} ${Status}", "nvidia-fabricmanager-535").strip()
+    assert held == "535.261.03-1 hold ok installed", held
+    report = on_host("gpu1", "cat", "/var/lib/llmfleet/preflight.txt")
+    assert "4 NVSwitch(es)" in report and re.search(r"PASS\]?\s+nvswitch", report), report
+    for host in ("gpu2", "gpu3"):
+        packages = on_host(host, "dpkg-query", "-W", "-f=${Package} ${Status}\n")
+        assert "nvidia-fabricmanager" not in packages, host
+        assert "none on the PCI bus" in on_host(host, "cat", "/var/lib/llmfleet/preflight.txt"), host
+    for host in ("gpu1", "gpu2", "gpu3"):
+        modes = on_host(host, "nvidia-smi", "--query-gpu=index,persistence_mode", "--format=csv,noheader")
+        assert modes.strip() and all(line.endswith("Enabled") for line in modes.strip().splitlines()), (host, modes)
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> None:
@@ -298,11 +318,80 @@ def _gateway_traffic(tmp_path: Path) -> Iterator[Counter[int | str]]:
             thread.join(180)
 
 
+def _critical_alerts() -> dict[str, dict[str, Any]]:
+    """Every critical alert Alertmanager holds now, firing or silenced, by alert name and instance (or host)."""
+    found = {}
+    for alert in httpx.get(f"{ALERTMANAGER}/api/v2/alerts", timeout=10).json():
+        labels = alert["labels"]
+        if labels.get("severity") == "critical":
+            where = labels.get("instance") or labels.get("host") or ""
+            found[f"{labels['alertname']} {where}"] = {"state": alert["status"]["state"],
+                                                       "silencedBy": alert["status"]["silencedBy"]}
+    return found
+
+
+@contextmanager
+def _critical_alerts_seen() -> Iterator[dict[str, dict[str, Any]]]:
+    """Critical alerts that appear while the block runs (read every 2 s) or are there right after it; those
+    already there before it are left out."""
+    before = set(_critical_alerts())
+    seen: dict[str, dict[str, Any]] = {}
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            now = _critical_alerts()
+        except httpx.HTTPError:
+            return  # a missed read; the next one, and the one after the block, still count
+        seen.update({key: value for key, value in now.items() if key not in before})
+
+    def poll() -> None:
+        while not stop.wait(2):
+            read()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+        read()
+
+
+def _alertmanager_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _assert_each_engine_host_was_silenced_then_lifted(started: datetime, ended: datetime) -> None:
+    """engines.yml silenced each GPU host it restarted (tasks/maintenance_silence.yml: one silence on `instance`,
+    one on `host`), with matchers that cover that host's targets and no other host's, and lifted the silences
+    itself when the host served again, not at their bound (llmfleet_maintenance_silence_max_s)."""
+    slack = timedelta(seconds=5)  # the lab's containers share the build machine's clock
+    silences = [s for s in httpx.get(f"{ALERTMANAGER}/api/v2/silences", timeout=10).json()
+                if s["createdBy"] == "llmfleet engines.yml" and _alertmanager_time(s["startsAt"]) >= started - slack]
+    for host, address in ENGINE_HOSTS.items():
+        mine = [s for s in silences if f"planned maintenance of {host} (" in s["comment"]]
+        by_label = {matcher["name"]: matcher for s in mine for matcher in s["matchers"]}
+        assert len(mine) == 2 and set(by_label) == {"instance", "host"}, f"{host}'s silences: {mine}"
+        assert all(s["status"]["state"] == "expired" for s in mine), f"{host}'s silence was not lifted: {mine}"
+        assert all(_alertmanager_time(s["endsAt"]) <= ended + slack for s in mine), f"lifted only at its end: {mine}"
+        instance, cut = by_label["instance"]["value"], by_label["host"]["value"]
+        targets = [f"{address}:{port}" for engine_host, _, port in ENGINES if engine_host == host] + [f"{address}:9100"]
+        assert all(re.fullmatch(instance, target) for target in targets), (instance, targets)
+        assert re.fullmatch(cut, address), (cut, address)
+        others = [other for name, other in ENGINE_HOSTS.items() if name != host] + [GATEWAY_ADDRESS]
+        assert not any(re.fullmatch(instance, f"{other}:8000") or re.fullmatch(cut, other) for other in others), (
+            f"{host}'s silence covers another host: {instance}, {cut}")
+
+
 def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, facts_dir: Path, tmp_path: Path) -> None:
     engines = _engine_identity()
     failures_before = _engine_failures_met_by_workers()
-    with _gateway_traffic(tmp_path) as outcomes:
+    started = datetime.now(UTC)
+    with _gateway_traffic(tmp_path) as outcomes, _critical_alerts_seen() as critical:
         run = run_playbook(lab_inventory, "engines.yml", "-e", "vllm_restart=true", facts=facts_dir)
+    ended = datetime.now(UTC)
     assert run.returncode == 0, run.output[-5000:]
     restarted = _engine_identity()
     assert all(restarted[engine] != engines[engine] for engine in engines), "an engine was not restarted"
@@ -312,6 +401,11 @@ def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, fact
     assert len(drained) == len(ENGINES) and "0" not in drained, run.output[-5000:]
     assert outcomes and set(outcomes) == {200}, f"requests failed during the rolling restart: {dict(outcomes)}"
     assert _engine_failures_met_by_workers() == failures_before, "a request reached an engine that was stopping"
+    # Issue 34: planned work pages nobody. Each host was silenced for its restart and the silence lifted after it;
+    # and no critical alert came at all, silenced or not (a drained engine is not down; the silence is the second
+    # line of defence).
+    _assert_each_engine_host_was_silenced_then_lifted(started, ended)
+    assert critical == {}, f"critical alerts during the rolling restart (state, silenced by): {critical}"
 
 
 def _engine_up_per_worker(address: str, port: int) -> list[float]:

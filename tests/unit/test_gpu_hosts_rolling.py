@@ -2,9 +2,10 @@
 
 The nvidia_driver role may reboot a host. Without `serial`, a driver bump
 would reboot every serving host at once; without the drain, the requests
-running there would be cut. The lab runs this play with every host in one
-batch (tests/lab/helpers.py: gpu_hosts_serial=100%), so nothing there would
-notice either going away: these tests read the play as Ansible does.
+running there would be cut; without the silence, every upgrade would page.
+The lab runs this play with every host in one batch (tests/lab/helpers.py:
+gpu_hosts_serial=100%), so nothing there would notice either going away: these
+tests read the play as Ansible does.
 """
 
 from __future__ import annotations
@@ -18,16 +19,39 @@ from llmfleet.paths import REPO_ROOT
 
 PLAYS = yaml.safe_load((REPO_ROOT / "playbooks" / "gpu_hosts.yml").read_text())
 ROTATION = "tasks/engine_rotation.yml"
+SILENCE = "tasks/maintenance_silence.yml"
 
 
 def _play() -> dict[str, Any]:
-    changing = [play for play in PLAYS if any(_role(entry) == "nvidia_driver" for entry in play.get("roles", []))]
+    changing = [play for play in PLAYS if "nvidia_driver" in _steps(play.get("tasks", []), {})[0]]
     assert len(changing) == 1, "one play of gpu_hosts.yml should apply nvidia_driver"
     return changing[0]
 
 
-def _role(entry: Any) -> str:
-    return str(entry if isinstance(entry, str) else entry.get("role") or entry.get("name"))
+def _steps(tasks: list[dict[str, Any]], variables: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """What the tasks do, in order: each role they import, `drain`/`undrain` (the rotation task file) and
+    `silence:create`/`silence:expire` (the maintenance silence task file); then the same of every always:."""
+    steps: list[str] = []
+    always: list[str] = []
+    for task in tasks:
+        if "block" in task:
+            inner, inner_always = _steps(task["block"], variables)
+            steps += inner
+            always += inner_always + _steps(task.get("always", []), variables)[0]
+            continue
+        role = task.get("ansible.builtin.import_role")
+        if role is not None:
+            steps.append(role["name"])
+        include = task.get("ansible.builtin.include_tasks")
+        if include is None:
+            continue
+        file = include["file"] if isinstance(include, dict) else include
+        file = _template(file, variables) if variables else file
+        if file == ROTATION:
+            steps.append(task["vars"]["engines_rotation"])
+        elif file == SILENCE:
+            steps.append(f"silence:{task['vars']['maintenance_silence']}")
+    return steps, always
 
 
 def _template(expression: Any, variables: dict[str, Any]) -> Any:
@@ -54,26 +78,26 @@ def test_one_host_at_a_time_stopping_at_the_first_failure(
     assert int(_template(play["max_fail_percentage"], variables)) == max_fail
 
 
-def _rotation_steps(tasks: list[dict[str, Any]], variables: dict[str, Any]) -> list[str]:
-    """engines_rotation of each task that includes the rotation task file."""
-    steps = []
-    for task in tasks:
-        include = task.get("ansible.builtin.include_tasks")
-        if include is None:
-            continue
-        file = include["file"] if isinstance(include, dict) else include
-        if _template(file, variables) == ROTATION:
-            steps.append(task["vars"]["engines_rotation"])
-    return steps
-
-
 def test_engines_are_drained_before_the_roles_and_undrained_after() -> None:
     play = _play()
     # The task files the play includes when the site names none of its own.
     variables = {name: _template(play["vars"][name], {}) for name in ("__gpu_hosts_drain", "__gpu_hosts_undrain")}
-    assert _rotation_steps(play.get("pre_tasks", []), variables) == ["drain"]
-    assert _rotation_steps(play.get("post_tasks", []), variables) == ["undrain"]
-    assert not _rotation_steps(play.get("tasks", []), variables)
+    steps, _ = _steps(play["tasks"], variables)
+    rotation = [step for step in steps if step in ("drain", "undrain")]
+    assert rotation == ["drain", "undrain"], steps
+    roles = [step for step in steps if step not in ("drain", "undrain") and not step.startswith("silence:")]
+    assert "nvidia_driver" in roles and "docker" in roles, steps
+    assert steps.index("drain") < min(steps.index(role) for role in roles), steps
+    assert steps.index("undrain") > max(steps.index(role) for role in roles), steps
+
+
+def test_the_host_is_silenced_from_before_its_drain_and_the_silence_lifted_on_failure_too() -> None:
+    play = _play()
+    variables = {name: _template(play["vars"][name], {}) for name in ("__gpu_hosts_drain", "__gpu_hosts_undrain")}
+    steps, always = _steps(play["tasks"], variables)
+    assert steps[0] == "silence:create", steps
+    assert "silence:expire" not in steps, "the silence is lifted in always:, which runs on failure too"
+    assert always == ["silence:expire"], always
 
 
 def test_only_a_serving_host_with_engines_is_drained() -> None:

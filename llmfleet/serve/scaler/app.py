@@ -1,4 +1,4 @@
-"""The scaler's HTTP app: POST /alerts (Alertmanager's webhook), GET /status, /healthz and /metrics.
+"""The scaler's HTTP app: POST /alerts (Alertmanager's webhook), POST /failures/reset, GET /status, /healthz, /metrics.
 
 Bad input never reaches the policy: a call without the right bearer token is
 401, a body over max_body_bytes 413, a body that is not Alertmanager's payload
@@ -26,6 +26,7 @@ from llmfleet.serve.scaler.metrics import ScalerMetrics
 from llmfleet.serve.scaler.payload import Notification
 from llmfleet.serve.scaler.runner import AnsibleRunner, PlaybookRunner
 from llmfleet.serve.scaler.service import Scaler
+from llmfleet.serve.scaler.state import Direction, Kind
 
 router = APIRouter()
 
@@ -80,6 +81,14 @@ async def alerts(request: Request, _auth: Authenticated) -> JSONResponse:
 async def status(request: Request, _auth: Authenticated) -> dict[str, Any]:
     scaler = scaler_of(request)
     return {"dry_run": scaler.settings.dry_run, "state": scaler.state.model_dump(mode="json")}
+
+
+@router.post("/failures/reset")
+async def reset_failures(
+    request: Request, _auth: Authenticated, kind: Kind | None = None, direction: Direction | None = None
+) -> dict[str, list[str]]:
+    """The operator's reset of a give-up: forget the failures in a row (of one kind and/or direction, or all)."""
+    return {"reset": await scaler_of(request).reset_failures(kind, direction)}
 
 
 @router.get("/healthz")

@@ -9,6 +9,9 @@ Records (field `event`):
   duration_s, the artifacts directory;
 - `interrupted`, `resumed`, `abandoned`: an action found in flight at start-up
   and what was done about it;
+- `gave_up`: a kind and direction's max_failures-th failed action in a row,
+  with the alerts now declined `gave_up`; `reset`: an operator cleared the
+  failures (POST /failures/reset), and which;
 - `rejected`: a webhook call refused before any decision (401, 400, 413),
   with the reason; never the token or the body.
 """

@@ -15,6 +15,10 @@ from llmfleet.serve.queue.config import SettingsError, read_secret_file, refuse_
 
 # A token shorter than this is refused at start-up.
 MIN_TOKEN_LENGTH = 16
+# Failed actions in a row, for one kind and direction, after which the scaler gives up on
+# the alerts behind them; and the longest back-off between two attempts (policy.py).
+DEFAULT_MAX_FAILURES = 3
+DEFAULT_BACKOFF_MAX_S = 3600.0
 
 
 class KindLimits(BaseModel):
@@ -30,7 +34,11 @@ class KindLimits(BaseModel):
 
     min: int = Field(ge=0)
     max: int = Field(ge=1)
-    step: int = Field(default=1, ge=1, description="workers added or removed per gateway host per action")
+    step: int = Field(
+        default=1,
+        ge=1,
+        description="workers removed per gateway host per action, and the fewest added (a backlog may earn more)",
+    )
     cooldown_out_s: float = Field(default=300.0, ge=0)
     cooldown_in_s: float = Field(default=1800.0, ge=0)
 
@@ -68,6 +76,12 @@ class ScalerSettings(BaseSettings):
     # An action interrupted by a restart is run again (the playbooks are
     # idempotent) at most this many times in all; then it is abandoned.
     max_attempts: int = Field(default=2, ge=1)
+    # After a failed action (failed, timeout, error, abandoned), the next one of the same kind and
+    # direction waits cooldown x 2^(failures - 1), at most backoff_max_s; after max_failures in a
+    # row the scaler gives up on the alerts behind them (`gave_up`) until a success, an alert it
+    # has not failed on (a new firing), or POST /failures/reset.
+    max_failures: int = Field(default=DEFAULT_MAX_FAILURES, ge=1)
+    backoff_max_s: float = Field(default=DEFAULT_BACKOFF_MAX_S, ge=0)
     keep_artifacts: int = Field(default=100, ge=1, description="ansible-runner artifact directories kept")
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
 

@@ -21,8 +21,9 @@ from llmfleet.serve.scaler.config import ScalerSettings
 from llmfleet.serve.scaler.policy import Fleet
 from llmfleet.serve.scaler.runner import plugin_source
 
-# The worker role's default worker_count (roles/worker/defaults/main.yml).
+# The worker role's defaults (roles/worker/defaults/main.yml): worker_count, worker_concurrency.
 DEFAULT_WORKER_COUNT = 1
+DEFAULT_WORKER_CONCURRENCY = 32
 
 
 class FleetSource(Protocol):
@@ -50,13 +51,23 @@ def group_hosts(inventory: Mapping[str, Any], group: str) -> tuple[str, ...] | N
 def fleet_from_inventory(inventory: Mapping[str, Any], settings: ScalerSettings) -> Fleet:
     hostvars = inventory.get("_meta", {}).get("hostvars", {})
     gateways = group_hosts(inventory, settings.gateway_group)
-    workers = None
+    workers = concurrency = None
     if gateways is not None:
         workers = {host: int(hostvars.get(host, {}).get("worker_count", DEFAULT_WORKER_COUNT)) for host in gateways}
+        # Only sizes a scale-out's step: a value that is no plain number (a template ansible-inventory leaves
+        # unrendered) leaves it unknown, and the step falls back to the configured one.
+        try:
+            concurrency = {
+                host: int(hostvars.get(host, {}).get("worker_concurrency", DEFAULT_WORKER_CONCURRENCY))
+                for host in gateways
+            }
+        except (TypeError, ValueError):
+            concurrency = None
     return Fleet(
         engine_hosts=group_hosts(inventory, settings.engine_group),
         standby_hosts=group_hosts(inventory, settings.standby_group),
         gateway_workers=workers,
+        worker_concurrency=concurrency,
     )
 
 

@@ -11,6 +11,14 @@ completes what the first began (a host half set up is set up; a drain already
 done is a no-op). After max_attempts runs it is `abandoned`: membership is left
 as it was before the action and the kind's cooldown starts. On shutdown the
 running playbook is cancelled and the action stays in flight, to be resumed.
+
+A failed action (failed, timeout past playbook_timeout_s, error, abandoned)
+counts toward its kind and direction's failures in a row: the policy backs off
+and, after max_failures, gives up on the alerts behind them (`gave_up`, audited
+once when reached) until a success, a new firing, or reset_failures()
+(POST /failures/reset). The metrics show the failures in a row, the give-up,
+and when the run in flight started, for ScalerActionFailed, ScalerGaveUp and
+ScalerStuck.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from llmfleet.serve.scaler.fleet import FleetSource
 from llmfleet.serve.scaler.metrics import ScalerMetrics
 from llmfleet.serve.scaler.payload import Notification
 from llmfleet.serve.scaler.runner import PlaybookRunner, RunResult, run_spec
-from llmfleet.serve.scaler.state import Action, State, StateStore
+from llmfleet.serve.scaler.state import Action, State, StateStore, failure_key
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,7 @@ class Scaler:
     def __post_init__(self) -> None:
         self.store = StateStore(self.settings.state_dir)
         self.audit = AuditLog(self.settings.state_dir / "audit.jsonl")
+        self.metrics.timeout.set(self.settings.playbook_timeout_s)
 
     @property
     def limits(self) -> dict[str, KindLimits]:
@@ -65,6 +74,7 @@ class Scaler:
     async def start(self) -> None:
         self.state = self.store.open()
         self.metrics.membership(self.state)
+        self.metrics.failures(self.state, self.settings.max_failures)
         action = self.state.in_flight
         if action is None:
             return
@@ -79,7 +89,8 @@ class Scaler:
                 attempts=action.attempt,
                 reason="interrupted as often as max_attempts allows; membership left as before it",
             )
-            self._save(policy.finish(self.state, False, self.clock(), self.limits))
+            self.metrics.actions.labels(kind=action.kind, direction=action.direction, result="abandoned").inc()
+            self._end(action, succeeded=False)
             return
         action = action.model_copy(update={"attempt": action.attempt + 1})
         self._save(self.state.model_copy(update={"in_flight": action}))
@@ -119,7 +130,16 @@ class Scaler:
                         "declined", "inventory", fleet_error, request.alerts, request.kind, request.direction
                     )
                 else:
-                    decision = policy.decide(request, self.state, fleet, self.limits, self.clock(), new_action_id())
+                    decision = policy.decide(
+                        request,
+                        self.state,
+                        fleet,
+                        self.limits,
+                        self.clock(),
+                        new_action_id(),
+                        max_failures=self.settings.max_failures,
+                        backoff_max_s=self.settings.backoff_max_s,
+                    )
                 if decision.action is not None and not self.settings.dry_run and not self._stopping:
                     self._save(policy.begin(self.state, decision.action))
                     self._launch(decision.action)
@@ -134,11 +154,40 @@ class Scaler:
         log.info("%s %s %s: %s", record["outcome"], decision.kind, decision.direction, decision.reason)
         return record
 
+    async def reset_failures(self, kind: str | None = None, direction: str | None = None) -> list[str]:
+        """Forget the failures in a row of `kind` and `direction` (None: any): the operator's reset of a give-up."""
+        async with self._lock:
+            state, cleared = policy.reset_failures(self.state, kind, direction)
+            if cleared:
+                self._save(state)
+            self.audit.write("reset", kind=kind, direction=direction, cleared=cleared)
+        log.warning("failures reset by an operator: %s", ", ".join(cleared) or "none to reset")
+        return cleared
+
     def _save(self, state: State) -> None:
         self.state = self.store.save(state)
         self.metrics.membership(self.state)
+        self.metrics.failures(self.state, self.settings.max_failures)
+
+    def _end(self, action: Action, *, succeeded: bool) -> None:
+        """Finish the action in the state; audit `gave_up` when its failure is the max_failures-th in a row."""
+        self._save(policy.finish(self.state, succeeded, self.clock(), self.limits))
+        failed = self.state.failures.get(failure_key(action.kind, action.direction))
+        if failed is not None and failed.count == self.settings.max_failures:
+            self.audit.write(
+                "gave_up",
+                kind=action.kind,
+                direction=action.direction,
+                failures=failed.count,
+                alert_keys=list(failed.alert_keys),
+                reason="max_failures actions failed in a row: their alerts are declined until one fires anew,"
+                " an action of this kind and direction succeeds, or POST /failures/reset",
+            )
+            log.error("gave up on %s %s after %d failed actions in a row", action.kind, action.direction, failed.count)
 
     def _launch(self, action: Action) -> None:
+        # The start of this run (a resumed action's too): ScalerStuck compares it with playbook_timeout_s.
+        self.metrics.started.set(self.clock())
         self._task = asyncio.create_task(self._run(action), name=f"scaler-action-{action.id}")
 
     async def _run(self, action: Action) -> None:
@@ -168,4 +217,4 @@ class Scaler:
         if result.status == "canceled" and self._stopping:
             return  # stays in flight: the next start resumes it
         async with self._lock:
-            self._save(policy.finish(self.state, result.succeeded, self.clock(), self.limits))
+            self._end(action, succeeded=result.succeeded)

@@ -7,7 +7,9 @@ What it records:
 - the alert keys that drove actions, and until when a repeat of one is a
   duplicate;
 - the action in flight, written before its playbook starts, so a scaler
-  restarted mid-action knows what was running.
+  restarted mid-action knows what was running;
+- failed actions in a row per kind and direction (`failures`): the back-off
+  and the give-up (policy.py) read them; a success clears them.
 
 `membership` in the file is the effective view (committed plus the action in
 flight) that the inventory plugin plugins/inventory/llmfleet_scaler.py reads:
@@ -52,6 +54,21 @@ class Action(BaseModel):
     attempt: int = Field(default=1, ge=1)
 
 
+class Failures(BaseModel):
+    """Failed actions in a row of one kind and direction, since its last success (or an operator's reset)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(ge=1)
+    last_end: float = Field(description="when the last failed action ended; the back-off runs from it")
+    alert_keys: tuple[str, ...] = Field(default=(), description="the alerts behind the failed actions")
+
+
+def failure_key(kind: str, direction: str) -> str:
+    """The key of State.failures: `engines/out`, `workers/in`, ..."""
+    return f"{kind}/{direction}"
+
+
 class Membership(BaseModel):
     """What the inventory plugin applies: engine hosts to add to the engine group, worker counts per host."""
 
@@ -70,6 +87,8 @@ class State(BaseModel):
     last_action_end: dict[str, float] = Field(default_factory=dict, description="kind -> end of its last action")
     acted: dict[str, float] = Field(default_factory=dict, description="alert key -> end of its duplicate window")
     in_flight: Action | None = None
+    # Added after version 1 was first written; a file without it reads as no failures.
+    failures: dict[str, Failures] = Field(default_factory=dict, description="kind/direction -> failures in a row")
     membership: Membership = Field(default_factory=Membership, description="derived on save; read by the plugin")
 
     def effective(self) -> Membership:

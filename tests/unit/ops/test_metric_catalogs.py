@@ -1,6 +1,6 @@
 """The metric catalogs in files/engine_metrics/ are what the code exports, in one shape.
 
-llmfleet.json must equal what the gateway's and workers' registries export
+llmfleet.json must equal what the gateway's, workers' and scaler's registries export
 (`llmfleet engine metrics --regenerate --llmfleet` rewrites it); the engine lists
 must each name a release, say where they came from, and give every metric a type.
 The lab engine's list is checked against a running engine in

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,61 @@ def test_a_restart_mid_action_resumes_it(settings: Callable[..., ScalerSettings]
     assert load(config.state_dir / "state.json").engines_added == ("gpu3",)
     events = [r["event"] for r in read(config.state_dir / "audit.jsonl")]
     assert events == ["decision", "action_end", "interrupted", "resumed", "action_end"]
+
+
+class FailingRunner(StandInRunner):
+    """STAND-IN for ansible-runner whose runs end `failed` at once, as a broken playbook's would."""
+
+    async def run(self, spec: RunSpec) -> RunResult:
+        self.specs.append(spec)
+        return RunResult("failed", 2, 0.01)
+
+
+def test_failed_actions_back_off_then_give_up_until_an_operator_resets(
+    settings: Callable[..., ScalerSettings],
+) -> None:
+    runner = FailingRunner()
+    # No cooldown, so no back-off either (cooldown x 2^n): the give-up alone bounds the attempts.
+    config = settings(
+        LLMFLEET_SCALER_WORKERS__MIN="1",
+        LLMFLEET_SCALER_WORKERS__MAX="8",
+        LLMFLEET_SCALER_WORKERS__COOLDOWN_OUT_S="0",
+        LLMFLEET_SCALER_MAX_FAILURES="3",
+    )
+    firing = alert(kind="workers")
+    firing["annotations"]["scale_waiting"] = "100"
+
+    def post() -> dict[str, Any]:
+        [decision] = decisions(client.post("/alerts", json=notification(firing)))
+        return decision
+
+    def ended(count: int) -> bool:
+        return len([r for r in read(config.state_dir / "audit.jsonl") if r["event"] == "action_end"]) == count
+
+    with serve(config, runner) as client:
+        for attempt in (1, 2, 3):
+            decision = post()
+            assert decision["code"] == "taken", decision
+            # Sized to the backlog: 100 waiting over 32 slots (gw1's worker_concurrency, the role's default) is 4.
+            assert decision["action"]["worker_counts"] == {"gw1": 6}
+            wait_for(partial(ended, attempt), f"failed action {attempt} to end")
+            assert metric(client, 'llmfleet_scaler_consecutive_failures{direction="out",kind="workers"}') == attempt
+        assert metric(client, 'llmfleet_scaler_gave_up{direction="out",kind="workers"}') == 1
+        assert metric(client, 'llmfleet_scaler_actions_total{direction="out",kind="workers",result="failed"}') == 3
+        assert metric(client, "llmfleet_scaler_action_started_timestamp_seconds") == 0
+        # Given up: the alert is declined, nothing runs, membership is as before.
+        assert post()["code"] == "gave_up"
+        assert len(runner.specs) == 3
+        assert load(config.state_dir / "state.json").worker_counts == {}
+        # The reset needs the token, and then the scaler acts on the alert again.
+        assert httpx.post(f"{client.base_url}/failures/reset").status_code == 401
+        assert client.post("/failures/reset", params={"kind": "sideways"}).status_code == 422
+        assert client.post("/failures/reset", params={"kind": "workers"}).json() == {"reset": ["workers/out"]}
+        assert metric(client, 'llmfleet_scaler_gave_up{direction="out",kind="workers"}') == 0
+        assert post()["code"] == "taken"
+    events = [r["event"] for r in read(config.state_dir / "audit.jsonl")]
+    assert events.count("gave_up") == 1 and "reset" in events
+    gave_up = next(r for r in read(config.state_dir / "audit.jsonl") if r["event"] == "gave_up")
+    assert (gave_up["kind"], gave_up["direction"], gave_up["failures"]) == ("workers", "out", 3)
+    # The failures survive a restart: the state file holds them.
+    assert load(config.state_dir / "state.json").failures["workers/out"].count == 1

@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -57,11 +58,25 @@ TEST_SCALE_IN_FAILS = """\
 """
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
+# TEST playbook standing in for a scale-out that hangs (a host that never answers): it outlives the timeout. The
+# cancel ends ansible-playbook; the module's own process (here a local `sleep`) is not its child any more and runs
+# to its end, so it is kept short.
+TEST_SCALE_OUT_HANGS = """\
+- name: TEST playbook standing in for playbooks/scale_out.yml, hanging
+  hosts: gateways
+  gather_facts: false
+  tags: [always]
+  tasks:
+    - name: Hang as a task on an unreachable host would
+      ansible.builtin.command: sleep 40
+      changed_when: false
+"""
+
+
+def make_project(tmp_path: Path, scale_out: str) -> Path:
     project = tmp_path / "project"
     (project / "playbooks").mkdir(parents=True)
-    (project / "playbooks" / "scale_out.yml").write_text(TEST_SCALE_OUT)
+    (project / "playbooks" / "scale_out.yml").write_text(scale_out)
     (project / "playbooks" / "scale_in.yml").write_text(TEST_SCALE_IN_FAILS)
     (project / "ansible.cfg").write_text(
         f"[defaults]\ninventory_plugins = {REPO_ROOT / 'plugins' / 'inventory'}\nretry_files_enabled = false\n"
@@ -93,8 +108,21 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path, TEST_SCALE_OUT)
+
+
+@pytest.fixture
 def client(
     make_settings: Callable[..., ScalerSettings], project: Path
+) -> Iterator[tuple[httpx.Client, ScalerSettings]]:
+    with serving(make_settings, project) as served:
+        yield served
+
+
+@contextmanager
+def serving(
+    make_settings: Callable[..., ScalerSettings], project: Path, **env: str
 ) -> Iterator[tuple[httpx.Client, ScalerSettings]]:
     settings = make_settings(
         LLMFLEET_SCALER_PORT=str(free_loopback_port()),
@@ -103,6 +131,7 @@ def client(
         LLMFLEET_SCALER_WORKERS__MAX="4",
         LLMFLEET_SCALER_WORKERS__COOLDOWN_IN_S="0",
         LLMFLEET_SCALER_WORKERS__COOLDOWN_OUT_S="0",
+        **env,
     )
     app = create_app(settings)  # the real AnsibleRunner and ansible-inventory
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning"))
@@ -110,12 +139,14 @@ def client(
     thread.start()
     wait_for(lambda: server.started, "uvicorn to start", timeout_s=240)
     token = settings.token_file.read_text().strip()
-    with httpx.Client(
-        base_url=f"http://127.0.0.1:{settings.port}", headers={"Authorization": f"Bearer {token}"}, timeout=120
-    ) as http:
-        yield http, settings
-    server.should_exit = True
-    thread.join(60)
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{settings.port}", headers={"Authorization": f"Bearer {token}"}, timeout=120
+        ) as http:
+            yield http, settings
+    finally:
+        server.should_exit = True
+        thread.join(60)
 
 
 def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
@@ -156,3 +187,33 @@ def test_a_taken_decision_runs_ansible_runner_and_keeps_its_artifacts(
     metrics = http.get("/metrics").text
     assert 'llmfleet_scaler_actions_total{direction="in",kind="workers",result="failed"} 1.0' in metrics
     assert 'llmfleet_scaler_worker_count{host="gw-local"} 2.0' in metrics
+
+
+def test_a_run_past_its_timeout_is_cancelled_and_counts_as_a_failure(
+    make_settings: Callable[..., ScalerSettings], tmp_path: Path
+) -> None:
+    project = make_project(tmp_path, TEST_SCALE_OUT_HANGS)
+    with serving(make_settings, project, LLMFLEET_SCALER_PLAYBOOK_TIMEOUT_S="5") as (http, settings):
+        state_file = settings.state_dir / "state.json"
+        response = http.post("/alerts", json=notification(alert("ScaleOutNeeded", "workers", "out")))
+        assert response.json()["decisions"][0]["outcome"] == "taken"
+        # While it runs, the start of the run is exported (ScalerStuck compares it with the timeout).
+        started = float(metric_line(http, "llmfleet_scaler_action_started_timestamp_seconds "))
+        assert started > 0
+        assert metric_line(http, "llmfleet_scaler_playbook_timeout_seconds ") == "5.0"
+        wait_for(lambda: load(state_file).in_flight is None, "the hanging run to be cancelled", timeout_s=120)
+        end = next(r for r in read(settings.state_dir / "audit.jsonl") if r["event"] == "action_end")
+        # Cancelled at the timeout, long before the task's 40 s.
+        assert end["result"] == "timeout" and end["duration_s"] < 30, end
+        state = load(state_file)
+        assert state.worker_counts == {} and state.failures["workers/out"].count == 1
+        assert metric_line(http, "llmfleet_scaler_action_started_timestamp_seconds ") == "0.0"
+        assert metric_line(http, 'llmfleet_scaler_actions_total{direction="out",kind="workers",result="timeout"}') == (
+            "1.0"
+        )
+        assert metric_line(http, 'llmfleet_scaler_consecutive_failures{direction="out",kind="workers"}') == "1.0"
+
+
+def metric_line(http: httpx.Client, start: str) -> str:
+    line = next(line for line in http.get("/metrics").text.splitlines() if line.startswith(start))
+    return line.rsplit(" ", 1)[1]

@@ -55,7 +55,34 @@ def test_every_job_gets_its_targets_from_the_inventory() -> None:
                  "10.0.0.43:9100"],
         # Standby hosts' GPUs are watched too (GPUMemoryHeldWithoutEngine); their engines are not scraped.
         "gpu": ["10.0.0.41:9400", "10.0.0.42:9400", "10.0.0.43:9400"],
+        # No scaler URL given: no scaler target.
+        "scaler": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("url", "target"),
+    [
+        # The alertmanager role's default: the scaler on the monitoring host, beside Prometheus.
+        (yaml.safe_load((ROLES / "alertmanager" / "defaults" / "main.yml").read_text())["alertmanager_scaler_url"],
+         "127.0.0.1:9095"),
+        ("http://10.77.0.1:9095/alerts", "10.77.0.1:9095"),  # the lab's: the build machine
+        ("https://scaler.example.internal/alerts", "scaler.example.internal:443"),
+        ("http://[fd00::1]:9095/alerts", "[fd00::1]:9095"),
+        ("", None),  # no scaling route: nothing to scrape
+    ],
+)
+def test_the_scaler_is_scraped_where_alertmanager_posts_to_it(url: str, target: str | None) -> None:
+    groups, hostvars = _site()
+    targets = monitoring.scrape_targets(groups, hostvars, GROUP_NAMES, ROLE_DEFAULTS, url)
+    assert targets["scaler"] == ([target] if target else [])
+
+
+@pytest.mark.parametrize("url", ["ftp://10.0.0.1/alerts", "http:///alerts", "http://10.0.0.1:port/alerts"])
+def test_a_scaler_url_that_is_no_http_address_is_refused(url: str) -> None:
+    groups, hostvars = _site()
+    with pytest.raises(AnsibleFilterError, match="the scaler's URL"):
+        monitoring.scrape_targets(groups, hostvars, GROUP_NAMES, ROLE_DEFAULTS, url)
 
 
 def test_a_host_setting_wins_over_the_role_default() -> None:
