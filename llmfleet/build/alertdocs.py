@@ -1,5 +1,5 @@
-"""`llmfleet docs alerts [--check]`: the alert tables of docs/monitoring.md and the
-README, generated from the prometheus role's data so they cannot drift.
+"""`llmfleet docs alerts [--check]`: the alert table of docs/monitoring.md, generated
+from the prometheus role's data so it cannot drift.
 
 One row per rule of roles/prometheus/vars/alerts.yml (an alert with two rules, such
 as ScaleOutNeeded for workers and for engines, has two rows): its severity and
@@ -13,10 +13,10 @@ The descriptions are Ansible templates wrapped around Prometheus templates: text
 the first as `<lane>` / `<value>` and the second as the variable's name with its
 default, e.g. `prometheus_alert_queue_backlog_threshold` (100).
 
-The README's table is the short form: alert, meaning, thresholds, what to do.
-Each table sits between ALERTS_BEGIN and ALERTS_END in its page; the rest of the
-page belongs to its authors. tests/unit/build/test_alertdocs.py fails, as
-`--check` does, until the tables match the data.
+The table sits between ALERTS_BEGIN and ALERTS_END; the rest of the page belongs
+to its authors. The README carries no copy: it links this table and the runbook,
+so there is one table to keep current. tests/unit/build/test_alertdocs.py fails,
+as `--check` does, until the table matches the data.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ COMMAND = "llmfleet docs alerts"
 ALERTS_BEGIN = "<!-- alerts:begin -->"
 ALERTS_END = "<!-- alerts:end -->"
 PAGE = Path("docs") / "monitoring.md"
-README = Path("README.md")
 RUNBOOK = Path("docs") / "runbook.md"
 RULES = Path("roles") / "prometheus" / "vars" / "alerts.yml"
 DEFAULTS = Path("roles") / "prometheus" / "defaults" / "main.yml"
@@ -67,7 +66,7 @@ class Rule:
 def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `alerts` to the `llmfleet docs` actions."""
     alerts = actions.add_parser(
-        "alerts", help=f"rewrite the alert tables of {PAGE} and {README} from the prometheus role's alert rules"
+        "alerts", help=f"rewrite the alert table of {PAGE} from the prometheus role's alert rules"
     )
     alerts.add_argument("--check", action="store_true", help="only report whether it is current")
     alerts.set_defaults(handler=_alerts)
@@ -127,44 +126,34 @@ def readable(template: str, defaults: dict[str, Any], where: str) -> str:
     return " ".join("".join(text).split())
 
 
-def render_table(rules: list[Rule], defaults: dict[str, Any], page: Path = PAGE) -> str:
-    """The generated part of a page: the whole table for docs/monitoring.md, the short one for the README."""
-    runbook = Path(os.path.relpath(RUNBOOK, page.parent)).as_posix()
-    short = page == README
-    lines = (
-        ["| alert | meaning | thresholds (default) | what to do |", "|---|---|---|---|"]
-        if short
-        else [
-            f"| alert | severity | {', '.join(SCALE_LABELS)} | meaning | for | thresholds (default) | what to do |",
-            "|---|---|---|---|---|---|---|",
-        ]
-    )
+def render_table(rules: list[Rule], defaults: dict[str, Any]) -> str:
+    """The generated part of the page: one row per rule."""
+    runbook = Path(os.path.relpath(RUNBOOK, PAGE.parent)).as_posix()
+    lines = [
+        f"| alert | severity | {', '.join(SCALE_LABELS)} | meaning | for | thresholds (default) | what to do |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for rule in rules:
         where = f"{RULES}: {rule.alert}"
         scale = ", ".join(f"`{rule.labels[label]}`" for label in SCALE_LABELS if label in rule.labels) or "-"
         used = ", ".join(f"`{name}`: `{_shown(_default(name, defaults, where))}`" for name in thresholds(rule))
         meaning = readable(rule.description, defaults, where) or "-"
-        link = f"[runbook]({runbook}#{rule.alert.lower()})"
-        if short:
-            alert = f"`{rule.alert}`" + (f" ({scale})" if scale != "-" else "")
-            cells = [alert, meaning, used or "-", link]
-        else:
-            cells = [
-                f"`{rule.alert}`",
-                rule.labels.get("severity", "-"),
-                scale,
-                meaning,
-                readable(rule.for_, defaults, where) or "-",
-                used or "-",
-                link,
-            ]
+        cells = [
+            f"`{rule.alert}`",
+            rule.labels.get("severity", "-"),
+            scale,
+            meaning,
+            readable(rule.for_, defaults, where) or "-",
+            used or "-",
+            f"[runbook]({runbook}#{rule.alert.lower()})",
+        ]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
 
-def expected(repo: Path, page: Path = PAGE) -> str:
-    """What a page should hold."""
-    path = repo / page
+def expected(repo: Path) -> str:
+    """What the page should hold."""
+    path = repo / PAGE
     if not path.is_file():
         raise LlmfleetError(f"{path} is missing: it holds the alert table between {ALERTS_BEGIN} and {ALERTS_END}")
     text = path.read_text()
@@ -174,37 +163,30 @@ def expected(repo: Path, page: Path = PAGE) -> str:
         raise LlmfleetError(f"{path} needs one {ALERTS_BEGIN} followed by one {ALERTS_END} around the alert table")
     head, rest = text.split(ALERTS_BEGIN, 1)
     _, tail = rest.split(ALERTS_END, 1)
-    table = render_table(load_rules(repo), load_defaults(repo), page)
+    table = render_table(load_rules(repo), load_defaults(repo))
     return f"{head}{ALERTS_BEGIN}\n{table}\n{ALERTS_END}{tail}"
 
 
-def stale_pages(repo: Path) -> list[Path]:
-    return [page for page in (PAGE, README) if (repo / page).read_text() != expected(repo, page)]
-
-
 def is_stale(repo: Path) -> bool:
-    return bool(stale_pages(repo))
+    return (repo / PAGE).read_text() != expected(repo)
 
 
 def check(repo: Path) -> None:
-    """Raise, saying what to run, when a table differs from the data."""
-    stale = stale_pages(repo)
-    if stale:
+    """Raise, saying what to run, when the table differs from the data."""
+    if is_stale(repo):
         raise LlmfleetError(
-            f"the alert table in {', '.join(map(str, stale))} is stale: it differs from {RULES} and {DEFAULTS}; "
+            f"the alert table in {PAGE} is stale: it differs from {RULES} and {DEFAULTS}; "
             f"run `{COMMAND}` and commit the result"
         )
 
 
 def write(repo: Path) -> bool:
-    """Bring the tables up to date; True when a page was rewritten."""
-    rewritten = False
-    for page in (PAGE, README):
-        wanted = expected(repo, page)
-        if (repo / page).read_text() != wanted:
-            (repo / page).write_text(wanted)
-            rewritten = True
-    return rewritten
+    """Bring the table up to date; True when the page was rewritten."""
+    wanted = expected(repo)
+    if (repo / PAGE).read_text() == wanted:
+        return False
+    (repo / PAGE).write_text(wanted)
+    return True
 
 
 def _variable(expression: str, defaults: dict[str, Any], where: str) -> str:
@@ -228,10 +210,9 @@ def _cell(value: str) -> str:
 
 
 def _alerts(args: argparse.Namespace) -> int:
-    pages = f"{PAGE} and {README}"
     if args.check:
         check(REPO_ROOT)
-        print(f"the alert tables in {pages} are current")
+        print(f"the alert table in {PAGE} is current")
         return 0
-    print(f"wrote {pages}" if write(REPO_ROOT) else f"the alert tables in {pages} are already current")
+    print(f"wrote {PAGE}" if write(REPO_ROOT) else f"the alert table in {PAGE} is already current")
     return 0

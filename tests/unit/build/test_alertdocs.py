@@ -1,7 +1,8 @@
 """The alert table of docs/monitoring.md is generated from the prometheus role's alert
 data; these fail when someone changes a rule or a threshold and forgets to regenerate
 it, when an alert has no runbook entry, or when a rule uses a threshold that has no
-default. The cases that change the data work on copies in a temporary directory."""
+default. The cases that change the data work on copies in a temporary directory. The
+README carries no copy of the table: it links this one and the runbook."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from llmfleet.build.alertdocs import (
     COMMAND,
     DEFAULTS,
     PAGE,
-    README,
     RULES,
     RULES_KEY,
     RUNBOOK,
@@ -49,7 +49,7 @@ def _cells(row: str) -> list[str]:
 
 
 def _copy(tmp_path: Path) -> Path:
-    for relative in (RULES, DEFAULTS, PAGE, README, RUNBOOK):
+    for relative in (RULES, DEFAULTS, PAGE, RUNBOOK):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO_ROOT / relative, tmp_path / relative)
     return tmp_path
@@ -81,7 +81,7 @@ def test_generated_alert_table_is_current() -> None:
 
 def test_the_check_command_passes_on_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["docs", "alerts", "--check"]) == 0
-    assert "are current" in capsys.readouterr().out
+    assert f"the alert table in {PAGE} is current" in capsys.readouterr().out
 
 
 def test_docs_help_lists_alerts_beside_roles(capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,21 +196,20 @@ def test_readable_leaves_no_jinja_and_refuses_what_it_cannot_show() -> None:
         alertdocs.readable("{% if x %}a{% endif %}", defaults, "demo")
 
 
-def test_the_readme_shows_every_alert_with_its_runbook_link() -> None:
-    text = (REPO_ROOT / README).read_text()
-    assert text.count(ALERTS_BEGIN) == 1 and text.count(ALERTS_END) == 1, f"{README}: keep the alert table's markers"
-    rows = text.split(ALERTS_BEGIN, 1)[1].split(ALERTS_END, 1)[0].strip().splitlines()[2:]
-    assert [_cells(row)[0].split()[0].strip("`") for row in rows] == [rule["alert"] for rule in _rules()]
-    assert all(_cells(row)[3] == f"[runbook](docs/runbook.md#{_cells(row)[0].split()[0].strip('`').lower()})"
-               for row in rows), rows
+def test_the_readme_links_the_table_and_the_runbook_instead_of_copying_them() -> None:
+    """One generated table: the README points at it (and at the runbook) rather than carrying a second one."""
+    text = (REPO_ROOT / "README.md").read_text()
+    assert ALERTS_BEGIN not in text and ALERTS_END not in text, "README.md: the alert table lives in " + str(PAGE)
+    assert "](docs/monitoring.md#the-rules)" in text and "](docs/runbook.md)" in text
 
 
-def test_a_stale_readme_table_is_found_and_rewritten(tmp_path: Path) -> None:
+def test_a_hand_edited_table_is_found_and_rewritten(tmp_path: Path) -> None:
     repo = _copy(tmp_path)
-    readme = repo / README
-    readme.write_text(readme.read_text().replace("| `EngineDown` |", "| `EngineGone` |"))
-    with pytest.raises(LlmfleetError, match=r"README\.md"):
+    page = repo / PAGE
+    page.write_text(page.read_text().replace("| `EngineDown` |", "| `EngineGone` |"))
+    with pytest.raises(LlmfleetError, match=re.escape(f"the alert table in {PAGE} is stale")):
         alertdocs.check(repo)
     assert alertdocs.write(repo) is True
     alertdocs.check(repo)
-    assert "| `EngineGone` |" not in readme.read_text()
+    assert "| `EngineGone` |" not in page.read_text()
+    assert [_cells(row)[0] for row in _table(repo)] == [f"`{rule['alert']}`" for rule in _rules()]
