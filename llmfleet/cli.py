@@ -7,6 +7,10 @@ new command touches one file plus one line here. A group whose commands belong
 to different parts of the package (`llmfleet model`: the lab's generators and
 the operator's checks) is a SharedGroup: each of its modules' `register` adds
 its commands to the group's sub-parsers.
+
+The serving commands come with the package itself; the operating ones need the
+`ops` extra (pyproject.toml), so the service image, which installs the package
+bare, offers only what it serves, and `llmfleet --help` there says so.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import NamedTuple
 
 from llmfleet import __version__
@@ -36,22 +42,49 @@ MODEL_COMMANDS = SharedGroup(
     ("llmfleet.lab.tiny_cli", "llmfleet.ops.model"),
 )
 
-COMMAND_GROUPS: tuple[str | SharedGroup, ...] = (
+# What the gateway and worker containers run: llmfleet's own dependencies suffice.
+SERVING_GROUPS: tuple[str | SharedGroup, ...] = (
+    "llmfleet.serve.gateway.cli",
+    "llmfleet.serve.worker.cli",
+    "llmfleet.ops.token",
+)
+# What operates the fleet from a controller: offered where the ops extra is installed.
+OPERATING_GROUPS: tuple[str | SharedGroup, ...] = (
     "llmfleet.lab.cli",
     MODEL_COMMANDS,
     "llmfleet.build.wheelhouse",
     "llmfleet.build.roledocs",
     "llmfleet.ops.stack",
     "llmfleet.build.images",
-    "llmfleet.serve.gateway.cli",
-    "llmfleet.serve.worker.cli",
     "llmfleet.serve.scaler.cli",
-    "llmfleet.ops.token",
     "llmfleet.ops.planner",
     "llmfleet.ops.engine",
     "llmfleet.lab.standins",
     "llmfleet.bench.loadgen",
 )
+
+
+COMMAND_GROUPS = SERVING_GROUPS + OPERATING_GROUPS
+OPS_EXTRA_MISSING = (
+    "The operating commands (lab, image, wheelhouse, scaler, bench and the rest) come with the ops extra: "
+    "pip install 'llmfleet[ops]'."
+)
+
+
+def ops_extra_installed() -> bool:
+    """Whether every distribution the `ops` extra names is installed beside llmfleet."""
+    try:
+        requirements = metadata.requires("llmfleet") or []
+    except metadata.PackageNotFoundError:  # run from a checkout without installing it: offer everything
+        return True
+    for requirement in requirements:
+        name, _, marker = requirement.partition(";")
+        if re.search(r"""extra\s*==\s*["']ops["']""", marker):
+            try:
+                metadata.version(re.split(r"[\s\[<>=!~]", name.strip(), maxsplit=1)[0])
+            except metadata.PackageNotFoundError:
+                return False
+    return True
 
 
 def register_group(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], group: str | SharedGroup) -> None:
@@ -73,14 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llmfleet {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in COMMAND_GROUPS:
+    if ops_extra_installed():
+        groups = COMMAND_GROUPS
+    else:
+        groups, parser.epilog = SERVING_GROUPS, OPS_EXTRA_MISSING
+    for group in groups:
         register_group(subparsers, group)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as refused:
+        # An operating command where only the serving ones are offered: say where the rest are.
+        if refused.code == 2 and parser.epilog == OPS_EXTRA_MISSING:
+            print(f"llmfleet: {OPS_EXTRA_MISSING}", file=sys.stderr)
+        raise
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -34,6 +34,6 @@ if [[ "$(cat .venv/.llmfleet-stamp 2>/dev/null)" != "$stamp" ]]; then
   python3 -m venv .venv
   # -qq: the machine-wide pip configuration may name index folders that do not
   # exist; pip warns once per package about them, which buries real errors.
-  .venv/bin/pip install -qq --constraint constraints.txt --editable '.[dev]'
+  .venv/bin/pip install -qq --constraint constraints.txt --editable '.[ops,dev]'
   echo "$stamp" > .venv/.llmfleet-stamp
 fi

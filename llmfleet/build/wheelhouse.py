@@ -58,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def build(directory: Path) -> list[Path]:
-    """Write wheels for llmfleet and its pinned runtime dependencies into directory."""
+    """Write wheels for llmfleet, its ops extra and their pinned dependencies into directory.
+
+    With the ops extra, one wheelhouse serves the service image (which installs
+    the package bare) and the scaler's venv (which installs llmfleet[ops]).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -70,7 +74,7 @@ def build(directory: Path) -> list[Path]:
         str(directory),
         "--constraint",
         str(CONSTRAINTS),
-        str(REPO_ROOT),
+        f"{REPO_ROOT}[ops]",
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

@@ -6,10 +6,16 @@ the gateway layer's variables:
 
     worker_engines: "{{ groups[llmfleet_engine_group] | engine_urls(hostvars) }}"
     gateway_models: "{{ groups[llmfleet_engine_group] | served_models(hostvars) }}"
+
+and the drain (playbooks/tasks/engine_rotation.yml) picks the worker container
+it asks from what the gateway hosts run:
+
+    __worker_containers.results | rotation_worker
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -91,8 +97,42 @@ def served_models(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[dic
     return [{"name": name, "src": src} for name, src in models.items()]
 
 
+WORKER_CONTAINER = re.compile(r"^/?(llmfleet-worker-(\d+))$")
+
+
+def rotation_worker(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The running worker container to drain through, from docker_host_info run on each gateway host.
+
+    `results` are a loop's results over the gateway hosts (each with `item`, the
+    host, and `containers`, listed with containers_all). The drained set lives
+    in Redis, where every worker reads it, so any running worker will do: the
+    first running one, by host order and worker number. Returns `host` and
+    `container` ('' when none runs) and `stopped`, the worker containers that
+    exist but do not run ("gw1/llmfleet-worker-1"): workers there but none
+    running means the site has workers that cannot confirm a drain, unlike a
+    first deploy, which has none at all.
+    """
+    running: list[tuple[str, str]] = []
+    stopped: list[str] = []
+    for result in results:
+        host = str(result.get("item", ""))
+        workers = []
+        for container in result.get("containers") or []:
+            for name in container.get("Names") or []:
+                match = WORKER_CONTAINER.match(str(name))
+                if match:
+                    workers.append((int(match.group(2)), match.group(1), str(container.get("State", ""))))
+        for _, name, state in sorted(workers):
+            if state == "running":
+                running.append((host, name))
+            else:
+                stopped.append(f"{host}/{name}")
+    host, container = running[0] if running else ("", "")
+    return {"host": host, "container": container, "stopped": stopped}
+
+
 class FilterModule:
     """llmfleet serving-layer filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"engine_urls": engine_urls, "served_models": served_models}
+        return {"engine_urls": engine_urls, "served_models": served_models, "rotation_worker": rotation_worker}

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.alert_sink import AlertSink
 from tests.lab.helpers import (
+    ALERT_SINK_PORT,
+    LAB_CONTROLLER,
     LAB_TIMINGS,
     SITE_IN_ONE_BATCH,
     PlaybookRun,
@@ -37,7 +40,14 @@ def facts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def converged_site(lab_inventory: Path, facts_dir: Path) -> PlaybookRun:
+def alert_sink(lab_inventory: Path) -> Iterator[AlertSink]:
+    """The operators' chat and the Watchdog's receiver, up from before the first site.yml run to the end."""
+    with AlertSink(LAB_CONTROLLER, ALERT_SINK_PORT) as sink:
+        yield sink
+
+
+@pytest.fixture(scope="session")
+def converged_site(lab_inventory: Path, facts_dir: Path, alert_sink: AlertSink) -> PlaybookRun:
     """The first site.yml run against the test lab, shared by every file that needs a converged site.
 
     tests/lab/test_monitoring.py sorts before test_site.py: whichever asks first converges the site, once.

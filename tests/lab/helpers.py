@@ -35,6 +35,10 @@ SITE_IN_ONE_BATCH = ("-e", "gpu_hosts_serial=100%")
 PLAYBOOK_LOGS = REPO_ROOT / "out" / "test-logs" / "lab-playbooks"
 # Seconds of the lab's own steps, for the provisioning report (test_second_run_changes_nothing).
 LAB_TIMINGS: dict[str, float] = {}
+# The build machine on the test lab's network (lab_controller_address, moved to 10.78.0.0/24): the lab's scaler
+# and the alert sink listen there.
+LAB_CONTROLLER = "10.78.0.1"
+ALERT_SINK_PORT = 9096
 # Prometheus on mon1 in the test lab (inventories/lab/group_vars/monitoring/lab.yml, moved to 10.78.0.0/24).
 PROMETHEUS = "http://10.78.0.30:9090"
 
@@ -58,6 +62,13 @@ def copy_lab_inventory(destination: Path) -> Path:
     hosts = destination / "hosts.yml"
     text = hosts.read_text().replace("lab_name: llmfleet-lab", f"lab_name: {TEST_LAB_NAME}")
     hosts.write_text(text.replace("10.77.0.", "10.78.0."))
+    # Alertmanager's chat and Watchdog notifications go to the test's alert sink (tests/lab/alert_sink.py).
+    (destination / "group_vars" / "monitoring" / "alert_sink.yml").write_text(
+        "---\n"
+        f"alertmanager_slack_api_url: http://{LAB_CONTROLLER}:{ALERT_SINK_PORT}/chat\n"
+        f"alertmanager_watchdog_url: http://{LAB_CONTROLLER}:{ALERT_SINK_PORT}/watchdog\n"
+        "alertmanager_allow_no_receiver: false\n"
+    )
     return destination
 
 

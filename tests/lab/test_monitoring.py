@@ -1,9 +1,11 @@
 """The monitoring layer of the whole-stack lab: Prometheus and Alertmanager on mon1 watching the real site.
 
 Runs against the converged test lab (the `converged_site` fixture: site.yml,
-which imports playbooks/monitoring.yml). Read-only: nothing here changes the
-site, so test_site.py's second-run and check-mode tests, which follow, still
-judge the same site. The lab has no GPU: no gpu target (docs/monitoring.md).
+which imports playbooks/monitoring.yml). Nothing here changes the site's
+configuration, so test_site.py's second-run and check-mode tests, which follow,
+still judge the same site; the Redis outage test stops Redis and starts it
+again, and waits until the services are ready. The lab has no GPU: no gpu
+target (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from llmfleet.paths import REPO_ROOT
+from tests.lab.alert_sink import AlertSink
 from tests.lab.helpers import PlaybookRun, on_host, prometheus, wait_for
 from tests.tools import LLMFLEET
 
@@ -201,3 +204,40 @@ def test_monitoring_secrets_stay_in_root_or_service_only_files() -> None:
     for host, secret in LAB_SECRETS.items():
         assert secret not in on_host(host, "ps", "auxww"), host
         assert secret not in on_host(host, "journalctl", "--no-pager", "-q"), host
+
+
+def test_the_watchdog_reaches_its_dead_mans_switch(alert_sink: AlertSink) -> None:
+    # The heartbeat an external dead man's switch watches (alertmanager_watchdog_url): it must keep arriving.
+    posts = wait_for(lambda: alert_sink.posts("/watchdog"), "the Watchdog to reach its webhook", timeout_s=120)
+    assert {alert["labels"]["alertname"] for post in posts for alert in post["alerts"]} == {"Watchdog"}
+
+
+def test_redis_down_reaches_the_operators_from_both_views_and_clears(alert_sink: AlertSink) -> None:
+    # Issue 34, lab scenario 4: stop Redis for longer than RedisDown's `for:` (15 s in the lab). The exporter's view
+    # (redis_up) and the gateway's own (llmfleet_gateway_redis_up) both page the operators, through Alertmanager's
+    # real routing and Slack-compatible notifier, and both clear once Redis is back.
+    instances = {f"{HOSTS['redis1']}:9121", f"{HOSTS['gw1']}:9300"}
+    seen = len(alert_sink.chat_titles())
+
+    def redis_down(state: str) -> set[str] | None:
+        titles = [title.split() for title in alert_sink.chat_titles()[seen:] if title.startswith(state)]
+        found = {words[2] for words in titles if len(words) > 2 and words[1] == "RedisDown"}
+        return found if found >= instances else None
+
+    on_host("redis1", "systemctl", "stop", "redis-server")
+    try:
+        assert wait_for(partial(redis_down, "[FIRING"), "RedisDown from both views in the chat", timeout_s=180)
+    finally:
+        on_host("redis1", "systemctl", "start", "redis-server")
+    assert wait_for(partial(redis_down, "[RESOLVED]"), "RedisDown resolved in the chat", timeout_s=180)
+    # The services reconnect by themselves: the tests that follow find the site serving.
+    for url in (f"http://{HOSTS['gw1']}:9300/readyz", f"http://{HOSTS['gw1']}:9400/readyz",
+                f"http://{HOSTS['gw1']}:9401/readyz"):
+        wait_for(partial(_answers_ok, url), f"{url} ready after Redis came back", timeout_s=120)
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -410,6 +410,49 @@ def test_rolling_restart_under_traffic_cuts_no_request(lab_inventory: Path, fact
     assert critical == {}, f"critical alerts during the rolling restart (state, silenced by): {critical}"
 
 
+def test_a_drain_goes_through_any_running_worker_and_stops_the_play_when_none_runs(
+    lab_inventory: Path, facts_dir: Path
+) -> None:
+    # Issue 29 item 6: the drain asked gw1's llmfleet-worker-1 only and was skipped when it was down, so a host
+    # could change under load. Now any running worker drains (the set is in Redis), and workers that exist but
+    # none running stop the play before the host changes. engines.yml on gpu2 alone, converged: drain, no change,
+    # undrain.
+    workers = SERVICE_CONTAINERS[1:]
+    engines = _engine_identity()
+    try:
+        on_host(GATEWAY_HOST, "docker", "stop", workers[0])
+        one_down = run_playbook(lab_inventory, "engines.yml", "--limit", "gpu2", facts=facts_dir,
+                                log_as="drain_through_the_second_worker")
+        assert one_down.returncode == 0, one_down.output[-5000:]
+        unwrapped = " ".join(one_down.output.split())
+        assert f"gw1/{workers[1]} asked:" in unwrapped, one_down.output[-5000:]
+        # The worker that runs knows the engine and drained it: the drain was confirmed, not skipped.
+        assert re.search(r"1 workers know it, 1 drained it, 0 requests running", unwrapped), one_down.output[-5000:]
+
+        on_host(GATEWAY_HOST, "docker", "stop", workers[1])
+        none_up = run_playbook(lab_inventory, "engines.yml", "--limit", "gpu2", facts=facts_dir,
+                               log_as="drain_with_no_worker_running")
+        assert none_up.returncode != 0, none_up.output[-5000:]
+        refusal = " ".join(none_up.output.split())
+        assert f"No worker runs to drain gpu2's engines: gw1/{workers[0]}, gw1/{workers[1]} exist" in refusal, (
+            none_up.output[-5000:])
+        assert "engines_drain_required=false" in refusal
+        assert none_up.recap["gpu2"]["failed"] == 1, none_up.recap
+        assert _engine_identity() == engines, "an engine changed although the drain could not be confirmed"
+    finally:
+        on_host(GATEWAY_HOST, "docker", "start", *workers)
+        for index in range(len(workers)):
+            wait_for(lambda index=index: _worker_ready(index), f"worker {index + 1} ready again", timeout_s=120)
+
+
+def _worker_ready(index: int) -> bool:
+    """Whether worker index + 1 answers /readyz on its metrics port (worker_metrics_port + N - 1)."""
+    try:
+        return httpx.get(f"http://{GATEWAY_ADDRESS}:{9400 + index}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _engine_up_per_worker(address: str, port: int) -> list[float]:
     """Each worker's llmfleet_engine_up for the engine at address:port (1 admitted, 0 ejected or unhealthy)."""
     values = []

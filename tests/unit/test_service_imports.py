@@ -1,10 +1,11 @@
-"""The services import nothing that only the dev extra installs.
+"""The services import nothing their install lacks.
 
-The service image installs llmfleet with its runtime dependencies only
-(files/images/llmfleet-service), so a module of the gateway, worker or scaler
-that imports a test-only library (httpx, say) builds here and fails in the
-image build, or worse, on a site. This imports each service's app in a
-process where every dev-only library is blocked.
+The service image installs llmfleet bare, with the serving dependencies only
+(files/images/llmfleet-service), so a gateway or worker module that imports a
+library of the ops or dev extra (ansible, yaml, httpx) builds here and fails in
+the image build, or worse, on a site. The scaler is installed with the ops
+extra (roles/scaler, scaler_package), never the dev one. This imports each
+service's app in a process where every library outside its install is blocked.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from packaging.requirements import Requirement
 
 from llmfleet.paths import REPO_ROOT
 
-SERVICE_MODULES = ("llmfleet.serve.gateway.app", "llmfleet.serve.worker.app", "llmfleet.serve.scaler.app")
+# Each service's app and the extras installed where it runs.
+SERVICE_EXTRAS = {
+    "llmfleet.serve.gateway.app": (),
+    "llmfleet.serve.worker.app": (),
+    "llmfleet.serve.scaler.app": ("ops",),
+}
 
 PROGRAM = """
 import importlib, importlib.abc, sys
@@ -57,26 +63,34 @@ def _closure(requirements: list[str]) -> set[str]:
     return {key.split("[")[0] for key in found}
 
 
-def _dev_only_imports() -> set[str]:
+def _imports_outside(extras: tuple[str, ...]) -> set[str]:
+    """Top-level modules that only the extras not in `extras` install (dev, ops)."""
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    runtime = _closure(project["dependencies"])
-    dev = _closure(project["optional-dependencies"]["dev"]) - runtime
+    optional = project["optional-dependencies"]
+    installed = _closure(project["dependencies"] + [text for extra in extras for text in optional[extra]])
+    others = _closure([text for extra, texts in optional.items() if extra not in extras for text in texts]) - installed
     imports = set()
     for module, distributions in metadata.packages_distributions().items():
         names = {distribution.lower().replace("_", "-") for distribution in distributions}
-        if names & dev and not names & runtime and not module.startswith("_"):
+        if names & others and not names & installed and not module.startswith("_"):
             imports.add(module)
     return imports
 
 
-def test_dev_only_libraries_are_known() -> None:
-    # The block list must hold what this check is about; an empty one would pass anything.
-    assert {"httpx", "openai", "schemathesis", "molecule"} <= _dev_only_imports()
-
-
-def test_the_services_import_without_dev_only_libraries() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", PROGRAM, ",".join(sorted(_dev_only_imports())), *SERVICE_MODULES],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+def test_the_block_lists_hold_what_they_are_about() -> None:
+    # An empty block list would pass anything.
+    assert {"httpx", "openai", "schemathesis", "molecule", "ansible", "ansible_runner", "numpy"} <= (
+        _imports_outside(())
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    scaler = _imports_outside(("ops",))
+    assert {"httpx", "molecule"} <= scaler
+    assert not {"ansible", "ansible_runner"} & scaler
+
+
+def test_each_service_imports_only_what_its_install_has() -> None:
+    for module, extras in SERVICE_EXTRAS.items():
+        result = subprocess.run(
+            [sys.executable, "-c", PROGRAM, ",".join(sorted(_imports_outside(extras))), module],
+            cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+        )
+        assert result.returncode == 0, f"{module}: {result.stderr[-3000:]}"

@@ -85,3 +85,52 @@ def test_one_served_name_for_two_models_is_refused() -> None:
 def test_bad_input_is_refused(hosts: Any, hostvars: dict[str, Any], message: str) -> None:
     with pytest.raises(AnsibleFilterError, match=message):
         serving.engine_urls(hosts, hostvars)
+
+
+# rotation_worker: which worker container playbooks/tasks/engine_rotation.yml drains through.
+
+def _host(host: str, *workers: tuple[str, str]) -> dict[str, Any]:
+    """One docker_host_info loop result (verbose listing): the host and its worker containers' names and states."""
+    return {"item": host, "containers": [{"Names": [f"/{name}"], "State": state} for name, state in workers]}
+
+
+def test_the_first_running_worker_by_host_and_number() -> None:
+    results = [
+        _host("gw1", ("llmfleet-worker-10", "running"), ("llmfleet-worker-2", "running")),
+        _host("gw2", ("llmfleet-worker-1", "running")),
+    ]
+    assert serving.rotation_worker(results) == {"host": "gw1", "container": "llmfleet-worker-2", "stopped": []}
+
+
+def test_a_stopped_first_worker_is_passed_over_not_a_reason_to_skip_the_drain() -> None:
+    # The bug this replaced: only gw1's llmfleet-worker-1 was asked, and when it was down the drain was skipped.
+    results = [
+        _host("gw1", ("llmfleet-worker-1", "exited"), ("llmfleet-worker-2", "running")),
+        _host("gw2", ("llmfleet-worker-1", "running")),
+    ]
+    chosen = serving.rotation_worker(results)
+    assert (chosen["host"], chosen["container"]) == ("gw1", "llmfleet-worker-2")
+    assert chosen["stopped"] == ["gw1/llmfleet-worker-1"]
+
+
+def test_workers_that_exist_but_none_running_are_named() -> None:
+    results = [_host("gw1", ("llmfleet-worker-1", "exited"), ("llmfleet-worker-2", "restarting")), _host("gw2")]
+    assert serving.rotation_worker(results) == {
+        "host": "",
+        "container": "",
+        "stopped": ["gw1/llmfleet-worker-1", "gw1/llmfleet-worker-2"],
+    }
+
+
+def test_no_worker_anywhere_is_a_first_deploy() -> None:
+    assert serving.rotation_worker([_host("gw1"), {"item": "gw2", "containers": None}]) == {
+        "host": "",
+        "container": "",
+        "stopped": [],
+    }
+
+
+def test_other_containers_are_not_workers() -> None:
+    # docker's name filter matches substrings on some engines; the filter reads the exact names.
+    results = [_host("gw1", ("llmfleet-worker-1-old", "running"), ("llmfleet-gateway-1", "running"))]
+    assert serving.rotation_worker(results)["container"] == ""

@@ -190,3 +190,16 @@ def test_a_revoked_token_is_refused(host, address: str) -> None:
     refused = _chat(address, token)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "token_revoked", refused.text
 
+
+
+def test_the_service_image_carries_only_what_serves(host) -> None:
+    # The image installs llmfleet bare (files/images/llmfleet-service): no Ansible, and the CLI offers the
+    # serving commands only, pointing at the ops extra for the rest.
+    usage = host.check_output(f"docker exec {GATEWAY} llmfleet --help")
+    for command in ("gateway", "worker", "token"):
+        assert f"    {command} " in usage
+    for command in ("lab", "image", "scaler", "bench"):
+        assert f"    {command} " not in usage
+    assert "llmfleet[ops]" in usage
+    ansible = host.run(f"docker exec {GATEWAY} python3 -c 'import ansible'")
+    assert ansible.rc != 0 and "No module named 'ansible'" in ansible.stderr
