@@ -7,7 +7,10 @@ in current releases and vllm:gpu_cache_usage_perc in 0.4.2; 0.4.2 counts no
 preemptions). The metric catalogs in files/engine_metrics/ say what each
 release, llmfleet's services and the exporters export;
 tests/unit/build/test_dashboards.py checks every query against them and the
-files against this generator.
+files against this generator. Recorded series (level:metric:operations, such
+as the prefix-cache hit ratio) come from the prometheus role's recording rules
+(roles/prometheus/vars/records.yml): tests/unit/roles/test_alert_rules.py checks
+that each release's dashboard reads only the series that release's rules record.
 
     python -m llmfleet.build.dashboards          # rewrite the files
     python -m llmfleet.build.dashboards --check  # exit 1 when a file differs
@@ -30,6 +33,11 @@ DASHBOARD_DIR = REPO_ROOT / "files" / "dashboards"
 # The Prometheus datasource's uid: the grafana role provisions the datasource with it.
 DATASOURCE = {"type": "prometheus", "uid": "llmfleet-prometheus"}
 QUANTILES = (0.5, 0.95, 0.99)
+# What the prometheus role's prefix-cache recording rules read, and the series they record.
+PREFIX_CACHE_COUNTERS = frozenset({"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"})
+FLEET_PREFIX_CACHE_HIT_RATIO = "job:vllm_prefix_cache_hit_ratio:rate"
+ENGINE_PREFIX_CACHE_HIT_RATIO = "instance:vllm_prefix_cache_hit_ratio:rate"
+_RECORDED = re.compile(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class Release:
     version: str
     metrics: frozenset[str]
     kv_cache: str
+    # Whether the release counts prefix-cache lookups, so that the role records the hit ratio.
+    prefix_cache: bool = False
 
     @classmethod
     def load(cls, path: Path) -> Release:
@@ -63,7 +73,10 @@ class Release:
         # A release whose V0 fallback lacks kv_cache_usage_perc (0.9.2) is read through the name both engines export.
         current = "vllm:kv_cache_usage_perc"
         usable = current in names and current not in catalog.get("not_in_v0_engine", [])
-        return cls(str(catalog["vllm_version"]), names, current if usable else "vllm:gpu_cache_usage_perc")
+        # The prefix-cache counters may be V1-only (0.9.2): the recorded ratio is then absent on the V0 fallback,
+        # which the panel shows as no data.
+        kv_cache = current if usable else "vllm:gpu_cache_usage_perc"
+        return cls(str(catalog["vllm_version"]), names, kv_cache, prefix_cache=names >= PREFIX_CACHE_COUNTERS)
 
 
 def releases() -> list[Release]:
@@ -104,6 +117,15 @@ def rows(release: Release) -> list[tuple[str, list[Panel]]]:
             "Preemptions per engine", "ops",
             (Query("sum by (instance) (rate(vllm:num_preemptions_total[5m]))", "{{instance}}"),),
             "Requests evicted from the KV cache to be recomputed: the cache is too small for the load."))
+    if release.prefix_cache:
+        engine_panels.append(Panel(
+            "Prefix-cache hit ratio", "percentunit",
+            (Query(FLEET_PREFIX_CACHE_HIT_RATIO, "fleet"),
+             Query(ENGINE_PREFIX_CACHE_HIT_RATIO, "{{instance}}")),
+            "Prompt tokens found in the engines' prefix cache over tokens looked up, over the recording rules' rate "
+            "window: for the fleet (each engine weighted by its traffic) and per engine. No point where an engine "
+            "served no prompt. Recorded by the prometheus role (roles/prometheus/vars/records.yml).",
+            extra={"max": 1, "min": 0}))
     return [
         ("Traffic", [
             Panel("Request rate", "reqps",
@@ -225,6 +247,11 @@ def queries(model: dict[str, Any]) -> list[str]:
 _FUNCTION_OR_AGGREGATION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\s*\(")
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
              "offset", "inf", "nan"}
+
+
+def is_recorded(name: str) -> bool:
+    """Whether a name is a recorded series (level:metric:operations), not a metric an exporter serves."""
+    return _RECORDED.fullmatch(name) is not None
 
 
 def metric_names(expr: str) -> set[str]:

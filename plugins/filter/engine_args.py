@@ -13,6 +13,13 @@ the choices::
                           'gpu_memory_utilization': 0.9, 'enable_prefix_caching': true}
                          | vllm_args(gpu_stacks[gpu_stack].vllm.version) }}"
 
+``options | vllm_prefix_caching(version, wanted)`` adds the
+``enable_prefix_caching`` value that release needs to cache prompt prefixes
+(vLLM 0.4.2: ``--enable-prefix-caching``, off otherwise; 0.8 and later: on by
+default, so nothing), or not to (``false`` where the default is on). An engine
+that sets the flag itself keeps its choice. The workers' ``prefix_affinity``
+policy only pays where the engines cache prefixes.
+
 ``argv | vllm_args_problems(version)`` returns the problems of an argv given as
 a list (an operator's extra flags), empty when it is valid, for an
 ``ansible.builtin.assert`` before deploy.
@@ -76,6 +83,22 @@ def vllm_args(options: Mapping[str, Any], version: Any) -> list[str]:
     return argv
 
 
+def vllm_prefix_caching(options: Mapping[str, Any], version: Any, wanted: Any = True) -> dict[str, Any]:
+    """options with prefix caching set for that release as wanted; AnsibleFilterError if it cannot be."""
+    if not isinstance(options, Mapping):
+        raise AnsibleFilterError(
+            f"vllm_prefix_caching expects a mapping of flag -> value, got {type(options).__name__}"
+        )
+    if not isinstance(wanted, bool):
+        raise AnsibleFilterError(f"vllm_prefix_caching: wanted must be true or false, not {wanted!r}")
+    module = _engine_args()
+    try:
+        chosen: dict[str, Any] = module.with_prefix_caching(options, _flags(version, "vllm_prefix_caching"), wanted)
+    except module.EngineArgsError as error:
+        raise AnsibleFilterError("vllm_prefix_caching: " + " | ".join(error.problems)) from error
+    return chosen
+
+
 def vllm_args_problems(argv: Sequence[Any], version: Any) -> list[str]:
     """Every problem of an argv list for that engine version; empty when it is valid."""
     if isinstance(argv, str | bytes) or not isinstance(argv, Sequence):
@@ -88,4 +111,8 @@ class FilterModule:
     """llmfleet vLLM flag filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"vllm_args": vllm_args, "vllm_args_problems": vllm_args_problems}
+        return {
+            "vllm_args": vllm_args,
+            "vllm_args_problems": vllm_args_problems,
+            "vllm_prefix_caching": vllm_prefix_caching,
+        }

@@ -378,3 +378,37 @@ def check_or_raise(argv: Iterable[str], flags: Mapping[str, Any]) -> list[str]:
     if problems:
         raise EngineArgsError(problems)
     return normalised
+
+
+# vLLM's V1 engine, the default from 0.8, turns automatic prefix caching on unless told
+# otherwise (--no-enable-prefix-caching); before it, --enable-prefix-caching was a plain
+# switch, off unless given (0.4.2's flag list: action store_true, no --no- form).
+PREFIX_CACHING_DEFAULT_ON_SINCE = (0, 8)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def with_prefix_caching(options: Mapping[str, Any], flags: Mapping[str, Any], wanted: bool) -> dict[str, Any]:
+    """options plus the enable_prefix_caching value that makes that release cache prefixes (or not) as wanted.
+
+    Nothing is added where the release already does what is wanted by default, so
+    an engine's command line only changes where it must. An enable_prefix_caching
+    the options set already (an engine's own args) is kept: it is that engine's
+    explicit choice. EngineArgsError when the release has no such flag at all.
+    """
+    chosen = dict(options)
+    keys = [key for key in chosen if str(key).lstrip("-").replace("-", "_") == "enable_prefix_caching"]
+    if any(chosen[key] is not None for key in keys):
+        return chosen
+    index = FlagIndex(flags)
+    option, _ = index.lookup("--enable-prefix-caching")
+    if option is None:
+        raise EngineArgsError(
+            [f"vLLM {index.version} has no --enable-prefix-caching: it cannot be told to cache prefixes"]
+        )
+    default_on = _release(index.version) >= PREFIX_CACHING_DEFAULT_ON_SINCE
+    if wanted != default_on:
+        chosen["enable_prefix_caching"] = wanted
+    return chosen

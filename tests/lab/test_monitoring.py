@@ -53,6 +53,8 @@ ALERTS = {"QueueBacklogHigh", "QueueWaitHigh", "QueueStalled", "ScaleOutNeeded",
           "DiskFillingUp", "AlertmanagerUnreachable", "Watchdog", "GPUUnderutilizedWhileQueued",
           "GPUMemoryHeldWithoutEngine", "GPUXidErrors", "GPUTemperatureHigh", "GPUEccErrors",
           "ScalerActionFailed", "ScalerGaveUp", "ScalerStuck"}
+RECORDS = {"instance:vllm_prefix_cache_hits:rate", "instance:vllm_prefix_cache_queries:rate",
+           "instance:vllm_prefix_cache_hit_ratio:rate", "job:vllm_prefix_cache_hit_ratio:rate"}
 # Fires all the time by design (the dead man's switch's heartbeat): never a sign that something is wrong.
 ALWAYS_FIRING = {"Watchdog"}
 LAB_SECRETS = {"redis1": "lab-only-not-a-secret-exporter-3c8d", "mon1": "lab-only-not-a-secret-scaler-token-a61f"}
@@ -113,12 +115,12 @@ def _all_up() -> dict[tuple[str, str], str] | None:
     return found if set(found.values()) == {"up"} else None
 
 
-def _alert_rules() -> list[dict[str, Any]]:
-    return [rule for group in prometheus("rules", type="alert")["groups"] for rule in group["rules"]]
+def _rules(kind: str = "alert") -> list[dict[str, Any]]:
+    return [rule for group in prometheus("rules", type=kind)["groups"] for rule in group["rules"]]
 
 
-def _all_evaluated() -> list[dict[str, Any]] | None:
-    rules = _alert_rules()
+def _all_evaluated(kind: str = "alert") -> list[dict[str, Any]] | None:
+    rules = _rules(kind)
     return rules if all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) else None
 
 
@@ -133,11 +135,15 @@ def test_prometheus_scrapes_every_target_of_the_inventory_and_each_is_up() -> No
 
 
 def test_every_alert_rule_is_loaded_and_evaluates_cleanly() -> None:
-    assert {rule["name"] for rule in _alert_rules()} == ALERTS
+    assert {rule["name"] for rule in _rules()} == ALERTS
     # Every rule evaluated without an error against the real series (that a rule names only exported metrics is
     # the prometheus role's unit tests' job).
     evaluated = wait_for(_all_evaluated, "every rule evaluated")
     assert not [(rule["name"], rule.get("lastError")) for rule in evaluated if rule["health"] != "ok"]
+    # The recording rules the lab's vLLM 0.32.0 gets (roles/prometheus/vars/records.yml) load and evaluate too.
+    records = wait_for(partial(_all_evaluated, "record"), "every recording rule evaluated")
+    assert {rule["name"] for rule in records} == RECORDS
+    assert not [(rule["name"], rule.get("lastError")) for rule in records if rule["health"] != "ok"]
 
 
 def test_a_healthy_lab_has_nothing_down() -> None:

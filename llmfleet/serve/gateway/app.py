@@ -25,19 +25,20 @@ from llmfleet.serve.gateway.deps import AppState, only_on_listener
 from llmfleet.serve.gateway.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from llmfleet.serve.gateway.metrics import GatewayMetrics
 from llmfleet.serve.gateway.middleware import BodyLimit, Metrics, RequestId
-from llmfleet.serve.gateway.routes import chat, completions, health, models, tasks
+from llmfleet.serve.gateway.routes import chat, completions, health, messages, models, responses, tasks
 from llmfleet.serve.gateway.validation import load_model
 from llmfleet.serve.queue.producer import Producer, ReplyListener
 from llmfleet.serve.queue.registry import CachedRegistry
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = """OpenAI-compatible API in front of vLLM engines, with JWT auth, rate limits and a
-Redis queue drained by workers. Send `Authorization: Bearer <JWT>`. Add `Prefer: respond-async`
+DESCRIPTION = """OpenAI-compatible API (chat, completions, Responses) and Anthropic's Messages API in
+front of vLLM engines, with JWT auth, rate limits and a Redis queue drained by workers. Send
+`Authorization: Bearer <JWT>` (or, on /v1/messages, `x-api-key: <JWT>`). Add `Prefer: respond-async`
 to queue a request as a task and read it from `/v1/tasks/{id}`."""
 
 
-API_ROUTERS = (chat.router, completions.router, models.router, tasks.router)
+API_ROUTERS = (chat.router, completions.router, responses.router, messages.router, models.router, tasks.router)
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:

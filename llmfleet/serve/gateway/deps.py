@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 from fastapi.params import Depends as DependsParam
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmfleet.serve.gateway.auth import Principal, Verifier, bearer_token
@@ -58,20 +58,42 @@ StateDep = Annotated[AppState, Depends(get_state)]
 _bearer = HTTPBearer(auto_error=False, description="a JWT minted by `llmfleet token` (or your identity provider)")
 
 
-async def authenticate(
-    request: Request,
-    state: StateDep,
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+async def _verify(state: AppState, authorization: str | None) -> Principal:
     try:
         # Async: keys from a JWKS URL may need a fetch, and with revocation on, Redis is asked (one EXISTS).
-        return await state.verifier.authenticate(bearer_token(request.headers.get("authorization")), state.redis)
+        return await state.verifier.authenticate(bearer_token(authorization), state.redis)
     except APIError:
         state.metrics.rejected.labels("auth").inc()
         raise
 
 
+async def authenticate(
+    request: Request,
+    state: StateDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return await _verify(state, request.headers.get("authorization"))
+
+
 PrincipalDep = Annotated[Principal, Depends(authenticate)]
+
+# Anthropic's SDK sends its key in this header; declared so OpenAPI documents it on the Messages routes.
+_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="the JWT, as Anthropic's SDK sends its key")
+
+
+async def authenticate_anthropic(
+    request: Request,
+    state: StateDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    _key: Annotated[str | None, Depends(_api_key)],
+) -> Principal:
+    """As `authenticate`, for the Messages API: the token from `x-api-key`, else from `Authorization: Bearer`."""
+    api_key = request.headers.get("x-api-key")
+    authorization = request.headers.get("authorization")
+    return await _verify(state, f"Bearer {api_key}" if api_key and not authorization else authorization)
+
+
+AnthropicPrincipalDep = Annotated[Principal, Depends(authenticate_anthropic)]
 
 
 def only_on_listener(ops_port: int, *, ops: bool) -> list[DependsParam]:

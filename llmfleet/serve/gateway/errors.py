@@ -41,6 +41,37 @@ class APIError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+# Anthropic's error types by HTTP status (its SDK picks an exception class by status, and shows the type).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+# The routes that answer errors in Anthropic's shape.
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def anthropic_error(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error body in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    message = str(message or f"request failed ({status})")
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An error body in the shape of the route it answers (Anthropic's on /v1/messages*); other bodies as they are."""
+    if status != 200 and path.startswith(ANTHROPIC_PREFIX) and "error" in body and body.get("type") != "error":
+        return anthropic_error(status, body)
+    return body
+
+
 def unauthorized(message: str) -> APIError:
     # RFC 6750: say why, without echoing the token.
     description = "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in message)
@@ -74,12 +105,15 @@ def queue_errors_as_503() -> Iterator[None]:
         raise queue_unavailable() from None
 
 
-async def api_error_handler(_request: Request, error: Exception) -> JSONResponse:
+async def api_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, APIError)
+    if request.url.path.startswith(ANTHROPIC_PREFIX):
+        body = anthropic_error(error.status, error_body(error.message, error.kind))
+        return JSONResponse(body, status_code=error.status, headers=error.headers)
     return error.response()
 
 
-async def validation_error_handler(_request: Request, error: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, error: Exception) -> JSONResponse:
     """400 (OpenAI's status for a bad request) naming the first bad field; never echoing values."""
     assert isinstance(error, RequestValidationError)
     problems = []
@@ -93,14 +127,15 @@ async def validation_error_handler(_request: Request, error: Exception) -> JSONR
             text = "not a parameter this gateway accepts (docs/gateway.md lists them)"
         problems.append(f"{where}: {text}")
     message = "invalid request: " + "; ".join(problems) if problems else "invalid request"
-    return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param=param), status_code=400)
+    body = error_body(message, "invalid_request_error", "invalid_request", param=param)
+    return JSONResponse(shaped(request.url.path, 400, body), status_code=400)
 
 
-async def http_error_handler(_request: Request, error: Exception) -> JSONResponse:
+async def http_error_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     return JSONResponse(
-        error_body(str(error.detail), kind, None),
+        shaped(request.url.path, error.status_code, error_body(str(error.detail), kind, None)),
         status_code=error.status_code,
         headers=getattr(error, "headers", None),
     )

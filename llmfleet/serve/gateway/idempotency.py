@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.exceptions import RedisError
 
 from llmfleet.serve.gateway.deps import AppState
-from llmfleet.serve.gateway.errors import APIError
+from llmfleet.serve.gateway.errors import APIError, shaped
 from llmfleet.serve.gateway.routes.tasks import LOST_RETRY_AFTER_S, lost_result, task_status
 from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, final_events
 from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
@@ -115,7 +115,8 @@ async def replay(
         return Response(status_code=499)
     if result.status == 503 and (result.body.get("error") or {}).get("code") == "request_lost":
         headers["Retry-After"] = str(LOST_RETRY_AFTER_S)
-    return JSONResponse(result.body, status_code=result.status, headers=headers)
+    body = shaped(request.url.path, result.status, result.body)
+    return JSONResponse(body, status_code=result.status, headers=headers)
 
 
 def _deadline_result() -> Result:

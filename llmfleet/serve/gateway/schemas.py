@@ -20,7 +20,7 @@ reaches an engine (a `max_completion_tokens` slipping past the cap, say).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +46,13 @@ def _refuse(why: str) -> Any:
         return value
 
     return AfterValidator(check)
+
+
+def require(model: BaseModel, what: str, names: tuple[str, ...]) -> None:
+    """Refuse `model` (a `what`, say "a tool_use block") when any of the fields `names` is missing."""
+    missing = [name for name in names if getattr(model, name) is None]
+    if missing:
+        raise ValueError(f"{what} needs {', '.join(missing)}")
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
@@ -229,8 +236,8 @@ def _logit_bias(value: dict[str, float]) -> dict[str, float]:
 LogitBias = Annotated[dict[str, float], Field(max_length=1024), AfterValidator(_logit_bias)]
 
 # Fields the gateway acts on or accepts without passing on.
-GATEWAY_ONLY = frozenset({"stream", "stream_options", "metadata", "store", "service_tier", "prompt_cache_key",
-                          "prompt_cache_retention", "safety_identifier"})  # fmt: skip
+GATEWAY_ONLY = frozenset({"stream", "stream_options", "metadata", "store", "service_tier", "prompt_cache_retention",
+                          "safety_identifier"})  # fmt: skip
 
 
 class _Sampling(_Strict):
@@ -246,14 +253,16 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: LogitBias | None = None
     user: Annotated[str, Field(max_length=256), AfterValidator(_utf8)] | None = None
+    # The worker's prefix_affinity key (llmfleet/serve/worker/affinity.py). Passed on: the pinned vLLM (0.32)
+    # accepts it and ignores it on chat and completions (tests/integration/serve/gateway/test_engine_parameters.py).
+    prompt_cache_key: Annotated[str, Field(max_length=1024), AfterValidator(_utf8)] | None = None
     # gateway
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    # ignored: OpenAI-side features (stored completions, billing tiers, its prompt cache)
+    # ignored: OpenAI-side features (stored completions, billing tiers, its prompt cache's retention)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     # passed (vLLM's own sampling parameters)
@@ -364,6 +373,28 @@ class CompletionRequest(_Sampling):
     def engine_payload(self) -> dict[str, Any]:
         payload = super().engine_payload()
         payload.pop("best_of", None)  # 1, the only value accepted: the default
+        return payload
+
+
+class OwnShapeRequest(_Strict):
+    """A request of an API the engines serve in its own shape (Responses, Messages): one answer, sent as checked.
+
+    Each sets which field holds its max tokens, which field holds its input
+    (for a length error), and what it accepts without passing on.
+    """
+
+    choices: ClassVar[int] = 1
+    max_tokens_field: ClassVar[str]
+    input_param: ClassVar[str]
+    gateway_only: ClassVar[frozenset[str]]
+
+    def requested_max_tokens(self) -> int | None:
+        value = getattr(self, self.max_tokens_field)
+        return value if isinstance(value, int) else None
+
+    def engine_payload(self) -> dict[str, Any]:
+        payload = self.model_dump(exclude_none=True, by_alias=True, exclude=set(self.gateway_only))
+        payload["stream"] = False
         return payload
 
 

@@ -23,9 +23,10 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
@@ -33,13 +34,18 @@ from starlette.types import Receive, Scope, Send
 from llmfleet.serve.gateway import ratelimit
 from llmfleet.serve.gateway.auth import Principal, forbidden_model
 from llmfleet.serve.gateway.deps import AppState
-from llmfleet.serve.gateway.errors import APIError, queue_unavailable
+from llmfleet.serve.gateway.errors import APIError, queue_unavailable, shaped
+from llmfleet.serve.gateway.idempotency import DESCRIPTION as IDEMPOTENCY_DESCRIPTION
+from llmfleet.serve.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
+from llmfleet.serve.gateway.idempotency import PATTERN as IDEMPOTENCY_PATTERN
 from llmfleet.serve.gateway.idempotency import Record, replay, reused
+from llmfleet.serve.gateway.messages_schema import MessagesRequest
 from llmfleet.serve.gateway.middleware import request_id
+from llmfleet.serve.gateway.responses_schema import ResponsesRequest
 from llmfleet.serve.gateway.routes.tasks import ADMITTED, LOST_RETRY_AFTER_S, lost_body
 from llmfleet.serve.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, Sequencer, final_events, sse, track
-from llmfleet.serve.gateway.validation import check_chat, check_completion
+from llmfleet.serve.gateway.sse import HEADERS, KEEPALIVE, Sent, Sequencer, final_events, frame, stream_error, track
+from llmfleet.serve.gateway.validation import Checked, ModelInfo, check_chat, check_completion, check_translated
 from llmfleet.serve.queue.jobs import Job, Kind, ReplyEvent, Result, error_body, now_ms
 from llmfleet.serve.queue.producer import Waiter
 
@@ -49,6 +55,11 @@ log = logging.getLogger(__name__)
 # worker's own deadline handling answers first; this only covers a lost worker).
 DEADLINE_GRACE_MS = 5_000
 
+PREFER = "`respond-async`: queue the request and answer 202 with a task id (GET /v1/tasks/{id})"
+
+# A request of any API the gateway queues.
+Body = ChatCompletionRequest | CompletionRequest | ResponsesRequest | MessagesRequest
+
 
 def prefers_async(prefer: str | None) -> bool:
     """RFC 7240: `Prefer: respond-async` asks for 202 and a task instead of waiting."""
@@ -57,24 +68,50 @@ def prefers_async(prefer: str | None) -> bool:
     return any(part.strip().lower() == "respond-async" for part in prefer.split(","))
 
 
-async def submit(
-    kind: Kind,
-    body: ChatCompletionRequest | CompletionRequest,
-    request: Request,
-    principal: Principal,
-    state: AppState,
-    prefer: str | None,
-    idempotency_key: str | None = None,
-) -> Response:
-    settings = state.settings
-    metrics = state.metrics
-    name = body.model
+@dataclass(frozen=True)
+class Options:
+    """The headers any queued request may carry: `Prefer: respond-async` (a task) and `Idempotency-Key`."""
+
+    prefer: str | None
+    idempotency_key: str | None
+
+
+async def submit_options(
+    prefer: Annotated[str | None, Header(description=PREFER, max_length=256)] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias=IDEMPOTENCY_HEADER, description=IDEMPOTENCY_DESCRIPTION, pattern=IDEMPOTENCY_PATTERN)
+    ] = None,
+) -> Options:
+    return Options(prefer, idempotency_key)
+
+
+OptionsDep = Annotated[Options, Depends(submit_options)]
+
+
+def served_model(state: AppState, principal: Principal, name: str) -> ModelInfo:
+    """The model a request names, if this gateway serves it and the token may use it (else 403 or 404)."""
     if not principal.may_use(name):
         raise _rejected(state, "forbidden", forbidden_model(name))
     model = state.models.get(name)
     if model is None:
         message = f"model {name!r} is not served here; GET /v1/models lists the models"
         raise _rejected(state, "invalid", APIError(404, message, code="model_not_found", param="model"))
+    return model
+
+
+async def submit(
+    kind: Kind,
+    body: Body,
+    request: Request,
+    principal: Principal,
+    state: AppState,
+    options: Options,
+) -> Response:
+    prefer, idempotency_key = options.prefer, options.idempotency_key
+    settings = state.settings
+    metrics = state.metrics
+    name = body.model
+    model = served_model(state, principal, name)
     task_mode = prefers_async(prefer)
     if task_mode and body.stream:
         message = "a task (Prefer: respond-async) cannot stream; drop one of them"
@@ -89,16 +126,8 @@ async def submit(
         unavailable = APIError(503, message, "server_error", "model_unavailable", headers={"Retry-After": "5"})
         raise _rejected(state, "no_engine", unavailable)
     max_model_len = model.max_model_len(live.max_model_len)
-    check = check_chat if kind == "chat" else check_completion
     try:
-        checked = await check(
-            model,
-            body.engine_payload(),
-            body.requested_max_tokens(),
-            max_model_len,
-            settings.max_tokens_cap,
-            settings.truncate_prompts,
-        )
+        checked = await _check(body, model, max_model_len, state)
     except APIError as error:
         metrics.rejected.labels("context_length" if error.code == "context_length_exceeded" else "invalid").inc()
         raise
@@ -146,7 +175,9 @@ async def submit(
     except BaseException:
         state.replies.unregister(job.id)
         raise
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # The Responses and Messages APIs have no usage chunk: their streams carry usage in their last events.
+    stream_options = body.stream_options if isinstance(body, ChatCompletionRequest | CompletionRequest) else None
+    include_usage = bool(stream_options and stream_options.include_usage)
     if admission.outcome == "replay" and record is not None and idempotency_key is not None:
         state.replies.unregister(job.id)
         first = Record.from_json(admission.replay)
@@ -186,6 +217,21 @@ async def submit(
             headers={**headers, **HEADERS},
         )
     return await _answer(state, job, waiter, request, headers, keep=record is not None)
+
+
+async def _check(body: Body, model: ModelInfo, max_model_len: int, state: AppState) -> Checked:
+    """The length check of body's API: its prompt counted in the model's tokens, max tokens resolved."""
+    cap = state.settings.max_tokens_cap
+    if isinstance(body, ResponsesRequest | MessagesRequest):
+        view = body.chat_view()
+        requested = body.requested_max_tokens()
+        field, param = body.max_tokens_field, body.input_param
+        return await check_translated(
+            model, body.engine_payload(), view, requested, max_model_len, cap, field=field, param=param
+        )
+    check = check_chat if isinstance(body, ChatCompletionRequest) else check_completion
+    payload = body.engine_payload()
+    return await check(model, payload, body.requested_max_tokens(), max_model_len, cap, state.settings.truncate_prompts)
 
 
 def _rejected(state: AppState, reason: str, error: APIError) -> APIError:
@@ -297,6 +343,7 @@ async def _answer(
     keep: the request has an Idempotency-Key; a client going away does not cancel it (its retry wants the answer).
     """
     disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    path = request.url.path
     try:
         while True:
             event = await _next(state, job, waiter, disconnect)
@@ -306,16 +353,17 @@ async def _answer(
                 return Response(status_code=499)
             if event == "timeout":
                 _cancel(state, job, "deadline")
-                return JSONResponse(_timeout_body(job), status_code=504, headers=headers)
+                return JSONResponse(shaped(path, 504, _timeout_body(job)), status_code=504, headers=headers)
             if event == "lost":
                 _lost(state, job, "sync")
                 lost_headers = {**headers, "Retry-After": str(LOST_RETRY_AFTER_S)}
-                return JSONResponse(lost_body(), status_code=503, headers=lost_headers)
+                return JSONResponse(shaped(path, 503, lost_body()), status_code=503, headers=lost_headers)
             result = _as_result(event)
             if result is not None:
                 if not keep:
                     _delivered(state, job)
-                return JSONResponse(result.body, status_code=result.status, headers=headers)
+                body = shaped(path, result.status, result.body)
+                return JSONResponse(body, status_code=result.status, headers=headers)
             # a chunk for a non-streaming request cannot happen; ignore it
     except asyncio.CancelledError:
         # The server is stopping and its grace period is over (uvicorn cancels what still runs): nobody will read
@@ -381,15 +429,15 @@ async def _relay(
             event = await _next(state, job, waiter, None, idle_s if gap_s is None else min(idle_s, gap_s))
             if event == "timeout":
                 _cancel(state, job, "deadline")
-                yield sse(json.dumps(_timeout_body(job)))
-                yield sse("[DONE]")
+                for data in stream_error(job, 504, _timeout_body(job), sent):
+                    yield data
                 finished = True
                 return
             if event == "lost":
                 _lost(state, job, "stream")
                 finished = True  # nothing left to cancel
-                yield sse(json.dumps(lost_body()))
-                yield sse("[DONE]")
+                for data in stream_error(job, 503, lost_body(), sent):
+                    yield data
                 return
             result = _as_result(event)
             if result is not None:
@@ -416,7 +464,7 @@ async def _relay(
             for batch in ready:
                 for data in json.loads(batch):
                     track(job, sent, data)
-                    yield sse(json.dumps(data, separators=(",", ":")))
+                    yield frame(job, data)
                 wrote = loop.time()
             if loop.time() - wrote >= keepalive_s:
                 yield KEEPALIVE

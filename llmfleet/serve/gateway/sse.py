@@ -2,6 +2,9 @@
 
 Shared by the relay of a live stream (service.py) and the replay of a finished
 one (idempotency.py); Sequencer puts a live stream's chunk events in order.
+The Responses and Messages APIs stream named events (`event: <type>`) and
+end without `[DONE]`; their events pass through as the engine wrote them, and
+what a client lacks is made from the whole answer (queue.events).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmfleet.serve.queue.jobs import Job, Result
+from llmfleet.serve.gateway.errors import anthropic_error
+from llmfleet.serve.queue.events import TERMINAL, closing_events, delta_text, whole_events
+from llmfleet.serve.queue.jobs import EVENT_KINDS, Job, Result
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +28,27 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def sse(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
+
+
+def frame(job: Job, data: dict[str, Any]) -> bytes:
+    """One relayed event as its API frames it: `data:` alone, or with `event: <type>` for the named-event APIs."""
+    text = json.dumps(data, separators=(",", ":"))
+    if job.kind in EVENT_KINDS:
+        return f"event: {data.get('type')}\ndata: {text}\n\n".encode()
+    return sse(text)
+
+
+def stream_error(job: Job, status: int, body: dict[str, Any], sent: dict[int, Sent]) -> list[bytes]:
+    """The events that end a stream with an error, in the API's own shape."""
+    if job.kind == "messages":
+        return [frame(job, anthropic_error(status, body))]
+    if job.kind == "responses":
+        found = body.get("error")
+        error: dict[str, Any] = found if isinstance(found, dict) else {}
+        have = sent.get(0, Sent()).events
+        event = {"type": "error", "code": error.get("code"), "message": error.get("message")}
+        return [frame(job, {**event, "param": error.get("param"), "sequence_number": have})]
+    return [sse(json.dumps(body)), sse("[DONE]")]
 
 
 def chunk(job: Job, choices: list[dict[str, Any]]) -> str:
@@ -43,9 +69,18 @@ class Sent:
 
     text: list[str] = field(default_factory=list)
     tool_calls: bool = False
+    # The named-event APIs: how many events the client has, and whether the stream's end is among them.
+    events: int = 0
+    closed: bool = False
 
 
 def track(job: Job, sent: dict[int, Sent], chunk: dict[str, Any]) -> None:
+    if job.kind in EVENT_KINDS:
+        into = sent.setdefault(0, Sent())
+        into.events += 1
+        into.closed = into.closed or chunk.get("type") in TERMINAL
+        into.text.append(delta_text(chunk))
+        return
     for choice in chunk.get("choices") or []:
         if not isinstance(choice, dict):
             continue
@@ -99,6 +134,8 @@ def remainder(job: Job, sent: dict[int, Sent], body: dict[str, Any]) -> list[dic
 
 def final_events(job: Job, sent: dict[int, Sent], result: Result, include_usage: bool) -> list[bytes]:
     """The events that end a stream once its result is in: what the client lacks, the usage, [DONE]."""
+    if job.kind in EVENT_KINDS:
+        return _final_named(job, sent, result)
     events = []
     if result.status != 200:
         events.append(sse(json.dumps(result.body)))
@@ -114,6 +151,23 @@ def final_events(job: Job, sent: dict[int, Sent], result: Result, include_usage:
             events.append(sse(json.dumps(usage_chunk)))
     events.append(sse("[DONE]"))
     return events
+
+
+def _final_named(job: Job, sent: dict[int, Sent], result: Result) -> list[bytes]:
+    """A named-event stream's end: all of it when the client has nothing, its closing events when it lacks them."""
+    if result.status != 200:
+        return stream_error(job, result.status, result.body, sent)
+    have = sent.get(0, Sent())
+    if have.closed:
+        return []
+    if have.events == 0:
+        events = whole_events(job.kind, result.body)
+    else:
+        # Events went missing on the way: the closing events carry the whole answer (a Responses client reads
+        # it from response.completed; a Messages client gets the stop reason and usage).
+        log.warning("request %s: the stream's end never came as events; closing it from the final result", job.id)
+        events = closing_events(job.kind, result.body, have.events)
+    return [frame(job, event) for event in events]
 
 
 @dataclass

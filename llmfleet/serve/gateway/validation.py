@@ -301,3 +301,30 @@ async def _turn_cost(model: ModelInfo, message: dict[str, Any], framing: int) ->
         content = message.get("content")
         text = content if isinstance(content, str) else json.dumps(content)
         return len(await _encode(model.tokenizer, text, special=False))
+
+
+async def count_chat_view(model: ModelInfo, view: dict[str, Any]) -> int:
+    """Prompt tokens of a Responses or Messages request: the chat vLLM makes of it (its `chat_view`), rendered."""
+    return await _count_chat(model, view, view["messages"])
+
+
+async def check_translated(
+    model: ModelInfo,
+    payload: dict[str, Any],
+    view: dict[str, Any],
+    requested: int | None,
+    max_model_len: int,
+    cap: int,
+    *,
+    field: str,
+    param: str,
+) -> Checked:
+    """A Responses or Messages request: counted as its chat, max tokens resolved into `field`.
+
+    No truncation (LLMFLEET_GATEWAY_TRUNCATE_PROMPTS is for chat and
+    completions): the engine gets these requests in their own shape, so a
+    prompt with no room left is a 400.
+    """
+    count = await count_chat_view(model, view)
+    max_tokens = resolve_max_tokens(requested, count, max_model_len, cap, param)
+    return Checked({**payload, field: max_tokens}, count, max_tokens)

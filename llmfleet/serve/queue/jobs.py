@@ -7,8 +7,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["chat", "completion"]
-ENDPOINTS: dict[str, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+Kind = Literal["chat", "completion", "responses", "messages"]
+ENDPOINTS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "responses": "/v1/responses",  # OpenAI's Responses API
+    "messages": "/v1/messages",  # Anthropic's Messages API
+}
+# The APIs whose streams are named events (`event: <type>` + `data: {"type": <type>, ...}`), passed through as
+# the engine wrote them; their answers carry no `choices`.
+EVENT_KINDS = frozenset({"responses", "messages"})
 
 
 def now_ms() -> int:
@@ -102,6 +110,16 @@ def result_text(kind: str, body: dict[str, Any]) -> str:
         return content if isinstance(content, str) else ""
     text = choice.get("text")
     return text if isinstance(text, str) else ""
+
+
+def usage_tokens(body: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens of an answer's usage, in OpenAI's names or the Responses and Messages APIs'."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    return int(prompt or 0), int(completion or 0)
 
 
 @dataclass(frozen=True)

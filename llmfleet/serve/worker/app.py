@@ -48,7 +48,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from llmfleet.serve.queue import registry
 from llmfleet.serve.queue.consumer import Consumer, Entry
-from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
+from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms, usage_tokens
 from llmfleet.serve.worker.config import WorkerSettings
 from llmfleet.serve.worker.engine import POISON_CODE, EngineCaller, Fenced, engine_session
 from llmfleet.serve.worker.metrics import WorkerMetrics
@@ -125,6 +125,10 @@ class Worker:
             health_timeout_s=settings.health_timeout_s,
             eject_after=settings.eject_after,
             eject_s=settings.eject_s,
+            policy=settings.policy,
+            model_policies=settings.model_policies,
+            affinity_epsilon=settings.affinity_epsilon,
+            affinity_prefix_chars=settings.affinity_prefix_chars,
         )
         self.caller = EngineCaller(
             pool=self.pool,
@@ -469,11 +473,10 @@ class Worker:
             # Counted once the 499 is stored: whoever sees the count can already read the cancelled result.
             self.metrics.cancelled.inc()
         if outcome == 1 and result.ok:
-            usage = result.body.get("usage") or {}
-            prompt = int(usage.get("prompt_tokens") or 0)
+            prompt, completion = usage_tokens(result.body)
             self.metrics.prompt_tokens.labels(job.model).inc(prompt)
             self.metrics.prompt_token_sizes.labels(job.model).observe(prompt)
-            self.metrics.completion_tokens.labels(job.model).inc(int(usage.get("completion_tokens") or 0))
+            self.metrics.completion_tokens.labels(job.model).inc(completion)
             self.metrics.end_to_end.labels(job.model, job.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
 
     async def _deliver(self, entry: Entry, job: Job, attempt: int, result: Result) -> int:

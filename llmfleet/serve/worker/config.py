@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
@@ -30,6 +30,8 @@ def _engine_url(value: str) -> str:
 
 
 EngineUrl = Annotated[str, AfterValidator(_engine_url)]
+# How a worker chooses the engine for an attempt (pool.py).
+Policy = Literal["least_outstanding", "prefix_affinity"]
 
 
 class WorkerSettings(BaseSettings):
@@ -50,6 +52,16 @@ class WorkerSettings(BaseSettings):
     eject_s: float = Field(default=10.0, ge=0, description="shortest ejection before a health check may re-admit")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="SIGTERM: time to finish in-flight work")
     block_ms: int = Field(default=1000, ge=10, le=30_000, description="longest blocking read on an empty queue")
+    # How an attempt chooses its engine (pool.py, affinity.py; docs/gateway.md, "Choosing an engine").
+    policy: Policy = Field(default="least_outstanding", description="engine choice for models not in model_policies")
+    # A JSON object, model -> policy, e.g. {"qwen2-1.5b-chat": "prefix_affinity"}.
+    model_policies: dict[str, Policy] = Field(default_factory=dict, description="engine choice per served model")
+    affinity_epsilon: float = Field(
+        default=0.25, gt=0, le=10, description="prefix_affinity: an engine takes at most (1 + this) x the mean load"
+    )
+    affinity_prefix_chars: int = Field(
+        default=8192, ge=16, le=1_000_000, description="prefix_affinity: leading characters of a request it hashes"
+    )
     listen_host: str = Field(default="127.0.0.1", description="address of /metrics, /healthz and /readyz")
     listen_port: int = Field(default=9400, ge=0, le=65535, description="0 disables the HTTP endpoint")
     redis: RedisSettings = Field(default_factory=RedisSettings)

@@ -15,6 +15,12 @@ continue_final_message; completions: the prompt plus the text), with
 max_tokens reduced by what was generated. The same continuation serves a new
 attempt after a worker died mid-stream: BEGIN returns the text sent so far.
 So a client's stream never repeats or contradicts itself.
+
+The Responses and Messages APIs stream named events, passed through as the
+engine writes them (ids and model name set as in every answer); their stored
+result is the whole answer put together from the events (queue.events). An
+event stream is not continued: if it breaks after events went out, the
+request fails (a 502 the client gets as its stream's error event).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import aiohttp
 from redis.exceptions import RedisError
 
 from llmfleet.serve.queue.consumer import Consumer
-from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms
+from llmfleet.serve.queue.events import Assembler, delta_text
+from llmfleet.serve.queue.jobs import EVENT_KINDS, Job, Result, error_body, now_ms
 from llmfleet.serve.worker.metrics import WorkerMetrics
 from llmfleet.serve.worker.outage import RedisOutage
 from llmfleet.serve.worker.pool import Engine, EnginePool
@@ -62,6 +69,9 @@ def engine_session(
         trust_env=False,
     )
 
+
+# Answer ids are the request id behind each API's own prefix, so a client can match an answer to x-request-id.
+RESPONSE_ID_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_", "messages": "msg_"}
 
 # The error code of a request dead-lettered because engines died serving it.
 POISON_CODE = "poison_request"
@@ -274,6 +284,8 @@ class EngineCaller:
     _created: float = field(default_factory=time.time)
 
     async def run(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
+        if job.stream and job.kind in EVENT_KINDS:
+            return await self._event_stream(job, attempt, partial_tokens)
         if job.stream:
             return await self._stream(job, attempt, partial, partial_tokens)
         return await self._with_retries(job, attempt, lambda engine: self._plain_call(engine, job, attempt))
@@ -289,7 +301,7 @@ class EngineCaller:
                 return EngineFailure(
                     "timeout", f"the request ran past its deadline; last problem: {last.message}", 504
                 ).result(attempt, self.worker_id)
-            engine = self.pool.pick(job.model, frozenset(excluded))
+            engine = self.pool.pick(job.model, frozenset(excluded), job.payload)
             if engine is None:
                 last = EngineFailure(
                     "no_engine", f"no healthy engine serves model {job.model!r}", 503, blame_engine=False
@@ -362,7 +374,7 @@ class EngineCaller:
         )
 
     def _response_id(self, job: Job) -> str:
-        return f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}"
+        return f"{RESPONSE_ID_PREFIXES[job.kind]}{job.id}"
 
     async def _plain_call(self, engine: Engine, job: Job, attempt: int) -> Result:
         async with self.http.post(f"{engine.url}{job.endpoint}", json=job.payload) as response:
@@ -384,19 +396,24 @@ class EngineCaller:
         body["model"] = job.model
         return Result(200, body, attempt=attempt, worker=self.worker_id)
 
-    async def _stream(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
-        state = StreamState(
-            text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial), partial=partial
-        )
+    async def _relayed(self, job: Job, attempt: int, call: Callable[[Engine, ChunkRelay], Awaitable[Result]]) -> Result:
+        """A streamed attempt: call with retries, what it relays published in order; the relay closed or aborted."""
         relay = ChunkRelay(self.consumer, job, attempt, self.outage)
         try:
-            result = await self._with_retries(
-                job, attempt, lambda engine: self._stream_call(engine, job, attempt, state, relay)
-            )
+            result = await self._with_retries(job, attempt, lambda engine: call(engine, relay))
             await relay.close()
         except BaseException:
             relay.abort()
             raise
+        return result
+
+    async def _stream(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
+        state = StreamState(
+            text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial), partial=partial
+        )
+        result = await self._relayed(
+            job, attempt, lambda engine, relay: self._stream_call(engine, job, attempt, state, relay)
+        )
         if result.status != 200:
             return result
         prompt_tokens = job.prompt_tokens if state.engine_prompt_tokens is None else state.engine_prompt_tokens
@@ -459,6 +476,25 @@ class EngineCaller:
             )
         return payload
 
+    async def _refusal(
+        self, engine: Engine, response: aiohttp.ClientResponse, attempt: int, *, continuing: bool = False
+    ) -> Result | None:
+        """A stream's opening answer: None for a 200, the engine's 4xx as the request's answer; a 5xx raises.
+
+        continuing: the call carries on a stream the client has part of; a 4xx to it fails the request.
+        """
+        if response.status >= 500:
+            raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status}", 502, reached=True)
+        if response.status == 200:
+            return None
+        content = await response.read()
+        self.metrics.errors.labels("engine_4xx").inc()
+        if continuing:
+            message = f"engine {engine.url} refused to continue the stream ({response.status})"
+            raise EngineFailure("engine_4xx", message, 502, retryable=False)
+        body = normalize_error(response.status, content)
+        return Result(response.status, body, attempt=attempt, worker=self.worker_id)
+
     async def _stream_call(
         self, engine: Engine, job: Job, attempt: int, state: StreamState, relay: ChunkRelay
     ) -> Result:
@@ -468,24 +504,9 @@ class EngineCaller:
             return Result(200, {}, attempt=attempt, worker=self.worker_id)
         fresh = not state.text
         async with self.http.post(f"{engine.url}{job.endpoint}", json=payload) as response:
-            if response.status >= 500:
-                raise EngineFailure("engine_5xx", f"engine {engine.url} answered {response.status}", 502, reached=True)
-            if response.status != 200:
-                content = await response.read()
-                self.metrics.errors.labels("engine_4xx").inc()
-                if state.text:
-                    raise EngineFailure(
-                        "engine_4xx",
-                        f"engine {engine.url} refused to continue the stream ({response.status})",
-                        502,
-                        retryable=False,
-                    )
-                return Result(
-                    response.status,
-                    normalize_error(response.status, content),
-                    attempt=attempt,
-                    worker=self.worker_id,
-                )
+            refused = await self._refusal(engine, response, attempt, continuing=bool(state.text))
+            if refused is not None:
+                return refused
             generated = 0  # this call's completion tokens so far, as the engine counts them
             async for line in response.content:  # lines, each with its b"\n"
                 if not line.startswith(b"data:"):
@@ -535,4 +556,62 @@ class EngineCaller:
                     state.choices.setdefault(index, ChoiceState()).add(job.kind, item, piece)
                     if index == 0 and item.get("finish_reason") is not None:
                         state.finish_reason = item["finish_reason"]
+        return Result(200, {}, attempt=attempt, worker=self.worker_id)
+
+    async def _event_stream(self, job: Job, attempt: int, partial_tokens: int) -> Result:
+        """A streamed Responses or Messages request: its events relayed as they come, its whole answer stored."""
+        if partial_tokens:
+            return self._not_continuable(job).result(attempt, self.worker_id)
+        answer = Assembler(job.kind)
+        result = await self._relayed(
+            job, attempt, lambda engine, relay: self._event_call(engine, job, attempt, answer, relay)
+        )
+        if result.status != 200:
+            return result
+        if answer.body is None:
+            message = "the engine's event stream ended before its final event"
+            return EngineFailure("engine_5xx", message).result(attempt, self.worker_id)
+        answer.body["id"] = self._response_id(job)
+        answer.body["model"] = job.model
+        return Result(200, answer.body, attempt=attempt, worker=self.worker_id)
+
+    def _not_continuable(self, job: Job) -> EngineFailure:
+        return EngineFailure(
+            "continuation",
+            f"the stream broke after events were sent; a {job.endpoint} event stream cannot be continued",
+            502,
+            retryable=False,
+            blame_engine=False,
+        )
+
+    def _event(self, job: Job, event: dict[str, Any]) -> dict[str, Any]:
+        """An engine's event with the answer's id and model as every answer of this request has them."""
+        for key in ("response", "message"):
+            inner = event.get(key)
+            if isinstance(inner, dict) and "id" in inner:
+                event[key] = {**inner, "id": self._response_id(job), "model": job.model}
+        return event
+
+    async def _event_call(self, engine: Engine, job: Job, attempt: int, answer: Assembler, relay: ChunkRelay) -> Result:
+        if answer.events:
+            raise self._not_continuable(job)
+        async with self.http.post(f"{engine.url}{job.endpoint}", json={**job.payload, "stream": True}) as response:
+            refused = await self._refusal(engine, response, attempt)
+            if refused is not None:
+                return refused
+            async for line in response.content:
+                if not line.startswith(b"data:"):
+                    continue  # `event:` lines: the type is in the data too
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if not isinstance(event, dict):
+                    continue
+                if event.get("type") == "error":
+                    raise EngineFailure("engine_5xx", f"engine {engine.url} failed mid-stream", 502, reached=True)
+                event = self._event(job, event)
+                answer.add(event)
+                # One "token" an event: the queue's count is then non-zero once any event went out.
+                relay.add(json.dumps(event, separators=(",", ":")), delta_text(event), 1)
         return Result(200, {}, attempt=attempt, worker=self.worker_id)

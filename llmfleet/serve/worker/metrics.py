@@ -1,6 +1,6 @@
 """The worker's Prometheus metrics (one registry per Worker, so tests can run several).
 
-Lanes, models and engines come from settings, reasons from a fixed set in the code.
+Lanes, models and engines come from settings, reasons and policies from fixed sets in the code.
 """
 
 from __future__ import annotations
@@ -82,4 +82,12 @@ class WorkerMetrics(MetricSet):
         )
         self.engine_ejections = self.counter(
             "llmfleet_engine_ejections", "Times the engine was ejected after failed requests", ["engine"]
+        )
+        # policy is the model's balancing policy (least_outstanding or prefix_affinity): two values.
+        self.engine_picks = self.counter(
+            "llmfleet_engine_picks", "Engine choices for an attempt, by the policy that made them", ["engine", "policy"]
+        )
+        self.affinity_spills = self.counter(
+            "llmfleet_engine_affinity_spills",
+            "prefix_affinity choices the load bound moved past the key's first engine on the ring",
         )

@@ -6,9 +6,15 @@
   errors, timeouts, 5xx) eject an engine for at least eject_s; only a
   successful health check after that re-admits it. This catches the engine
   that says "healthy" on /health but fails every request.
-- Balancing: among admitted engines serving the model, the one with the
-  fewest requests this worker has open on it; ties go round-robin, so an
-  idle pool spreads work instead of always picking the first engine.
+- Balancing, by the model's policy (docs/gateway.md, "Choosing an engine"):
+  - least_outstanding (the default): among admitted engines serving the
+    model, the one with the fewest requests this worker has open on it; ties
+    go round-robin, so an idle pool spreads work instead of always picking
+    the first engine;
+  - prefix_affinity: the engine the request's key maps to on a consistent-hash
+    ring with bounded loads (affinity.py), so a conversation's turns find the
+    engine that holds their prefix in its cache.
+  A retry avoids the engines that failed it (`exclude`) under either policy.
 - Draining: an engine in the queue's drained set (`llmfleet worker drain`)
   gets no new requests; those running on it finish. The worker reads the set
   every report round.
@@ -22,12 +28,15 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
 from llmfleet.serve.queue.registry import EngineReport
+from llmfleet.serve.worker import affinity
+from llmfleet.serve.worker.config import Policy
 from llmfleet.serve.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -59,8 +68,18 @@ class EnginePool:
         health_timeout_s: float = 2.0,
         eject_after: int = 2,
         eject_s: float = 10.0,
+        policy: Policy = "least_outstanding",
+        model_policies: Mapping[str, Policy] | None = None,
+        affinity_epsilon: float = 0.25,
+        affinity_prefix_chars: int = 8192,
     ) -> None:
         self.engines = [Engine(url) for url in urls]
+        self.policy = policy
+        self.model_policies = dict(model_policies or {})
+        self.affinity_epsilon = affinity_epsilon
+        self.affinity_prefix_chars = affinity_prefix_chars
+        # Every configured engine, whatever its state: pick skips those that may not take a request.
+        self.ring = affinity.HashRing(urls)
         self.http = http
         self.metrics = metrics
         self.health_interval_s = health_interval_s
@@ -74,16 +93,40 @@ class EnginePool:
             metrics.engine_drained.labels(engine.url).set(0)
             metrics.engine_outstanding.labels(engine.url).set(0)
 
-    def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> Engine | None:
-        """The admitted engine serving model with the fewest outstanding requests, avoiding `exclude` if possible."""
+    def policy_for(self, model: str) -> Policy:
+        return self.model_policies.get(model, self.policy)
+
+    def pick(
+        self, model: str, exclude: frozenset[str] = frozenset(), payload: Mapping[str, Any] | None = None
+    ) -> Engine | None:
+        """An admitted engine serving model, avoiding `exclude` if possible, chosen by the model's policy.
+
+        prefix_affinity needs the request body (payload) for its key; without
+        one, or with a single candidate, the choice is least_outstanding's.
+        """
         now = time.monotonic()
         serving = [engine for engine in self.engines if engine.admitted(now) and model in engine.models]
         candidates = [engine for engine in serving if engine.url not in exclude] or serving
         if not candidates:
             return None
+        policy = self.policy_for(model)
+        if policy == "prefix_affinity" and payload is not None and len(candidates) > 1:
+            key = affinity.request_key(model, payload, self.affinity_prefix_chars)
+            by_url = {engine.url: engine for engine in candidates}
+            chosen = affinity.choose(
+                self.ring, key, {url: engine.outstanding for url, engine in by_url.items()}, self.affinity_epsilon
+            )
+            if chosen is not None:
+                url, first_choice = chosen
+                if not first_choice:
+                    self.metrics.affinity_spills.inc()
+                self.metrics.engine_picks.labels(url, policy).inc()
+                return by_url[url]
         least = min(engine.outstanding for engine in candidates)
         tied = [engine for engine in candidates if engine.outstanding == least]
-        return tied[next(self._turn) % len(tied)]
+        engine = tied[next(self._turn) % len(tied)]
+        self.metrics.engine_picks.labels(engine.url, policy).inc()
+        return engine
 
     def served_models(self) -> set[str]:
         """The models the admitted engines serve: the worker takes only their jobs."""

@@ -9,6 +9,17 @@ prometheus_alert_groups(rules, engine=, own=, exporters=, disabled=, runbook_url
     checked against the catalogs (files/engine_metrics/). A rule that names a metric
     the stack does not export is refused with an AnsibleFilterError naming the alert,
     the metric and the catalog, so that the rules file is never written.
+prometheus_record_groups(records, engine=, own=, exporters=, choices=)
+    The recording-rule groups, from the role's record data: a rule whose `needs`
+    (engine meanings, keys of choices) the release does not export is left out, and
+    every metric a kept rule's expression names is checked against the catalogs as
+    the alerts' are, except that a metric the release's default engine exports counts
+    even where its fallback engine lacks it (0.9.2's V0): a recording rule whose input
+    is absent records nothing, which its reader (a dashboard panel) shows as no data,
+    whereas an alert would stay silent. No alert reads a recorded series.
+prometheus_records_left_out(records, engine=, choices=)
+    Record name -> the meanings the release lacks, for the rules that
+    prometheus_record_groups leaves out (the rules file says so in a comment).
 """
 
 from __future__ import annotations
@@ -26,19 +37,22 @@ _METRIC = re.compile(
     r"(?<![A-Za-z0-9_:\"'])(vllm:[A-Za-z0-9_:]+|llmfleet_[A-Za-z0-9_]+|node_[A-Za-z0-9_]+|redis_[A-Za-z0-9_]+|DCGM_[A-Za-z0-9_]+)"
 )
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+# Recorded series (level:metric:operations): a recording rule may read those the rules before it record.
+_RECORDED = re.compile(r"(?<![A-Za-z0-9_:])([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)(?![A-Za-z0-9_:])")
 # none: Watchdog's, an alert that always fires to prove the pipeline works; it pages nobody
 # (Alertmanager routes it to its own receiver, an external dead man's switch).
 _SEVERITIES = ("critical", "warning", "info", "none")
 _REQUIRED_ANNOTATIONS = ("summary", "description")
 
 
-def _exported(catalog: Mapping[str, Any]) -> dict[str, str]:
+def _exported(catalog: Mapping[str, Any], reliable: bool = True) -> dict[str, str]:
     """Name -> type of what a catalog lists as always exported.
 
     A 0.9.2 engine falls back to its V0 engine for some features; what only V1
-    exports (the catalog's not_in_v0_engine) cannot be relied on.
+    exports (the catalog's not_in_v0_engine) cannot be relied on, and is left out
+    unless `reliable` is false. Metrics that need a feature (`when`) are always left out.
     """
-    unreliable = set(catalog.get("not_in_v0_engine", []))
+    unreliable = set(catalog.get("not_in_v0_engine", [])) if reliable else set()
     return {
         metric["name"]: metric["type"]
         for metric in catalog.get("metrics", [])
@@ -46,10 +60,12 @@ def _exported(catalog: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def prometheus_engine_metric_names(catalog: Mapping[str, Any], choices: Mapping[str, list[str]]) -> dict[str, str]:
+def prometheus_engine_metric_names(
+    catalog: Mapping[str, Any], choices: Mapping[str, list[str]], reliable: bool = True
+) -> dict[str, str]:
     if not isinstance(catalog, Mapping) or "metrics" not in catalog:
         raise AnsibleFilterError("prometheus_engine_metric_names: the catalog is not an engine metric list")
-    exported = _exported(catalog)
+    exported = _exported(catalog, reliable)
     picked = {}
     for meaning, names in choices.items():
         if not names:
@@ -59,7 +75,7 @@ def prometheus_engine_metric_names(catalog: Mapping[str, Any], choices: Mapping[
 
 
 def _known(
-    engine: Mapping[str, Any], own: Mapping[str, Any], exporters: Mapping[str, Any]
+    engine: Mapping[str, Any], own: Mapping[str, Any], exporters: Mapping[str, Any], reliable: bool = True
 ) -> dict[str, tuple[dict[str, str], str]]:
     """Prefix -> (name -> type, what lists it), for the check's messages."""
     version = engine.get("vllm_version", "?")
@@ -68,7 +84,7 @@ def _known(
         exporter_names.update(_exported(exporter))
     exporters_what = "the exporters' list (files/engine_metrics/exporters.json)"
     return {
-        "vllm:": (_exported(engine), f"vLLM {version} (files/engine_metrics/vllm-{version}.json)"),
+        "vllm:": (_exported(engine, reliable), f"vLLM {version} (files/engine_metrics/vllm-{version}.json)"),
         "llmfleet_": (_exported(own), "llmfleet's services (files/engine_metrics/llmfleet.json)"),
         "node_": (exporter_names, exporters_what),
         "redis_": (exporter_names, exporters_what),
@@ -145,9 +161,79 @@ def prometheus_alert_groups(
     return [{"name": name, "rules": group} for name, group in groups.items()]
 
 
+def _check_record_shape(rule: Any, choices: Mapping[str, Any]) -> str:
+    if not isinstance(rule, Mapping) or not all(isinstance(rule.get(key), str) for key in ("record", "expr")):
+        raise AnsibleFilterError(f"prometheus_record_groups: a rule needs `record` and `expr` strings: {rule!r}")
+    name: str = rule["record"]
+    # level:metric:operations, Prometheus's naming convention for recorded series.
+    if not re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name):
+        raise AnsibleFilterError(f"record {name}: name it level:metric:operations (e.g. instance:x_hits:rate)")
+    unknown = [need for need in rule.get("needs") or [] if need not in choices]
+    if unknown:
+        raise AnsibleFilterError(
+            f"record {name}: needs {', '.join(unknown)}, which __prometheus_engine_metric_choices does not list"
+        )
+    return name
+
+
+def _lacking(rule: Mapping[str, Any], engine: Mapping[str, Any], choices: Mapping[str, list[str]]) -> list[str]:
+    """The engine meanings a rule needs of which the release exports no name (V1-only names count)."""
+    listed = _exported(engine, reliable=False)
+    return [need for need in rule.get("needs") or [] if not any(name in listed for name in choices[need])]
+
+
+def prometheus_records_left_out(
+    records: Iterable[Mapping[str, Any]], engine: Mapping[str, Any], choices: Mapping[str, list[str]]
+) -> dict[str, list[str]]:
+    left_out = {}
+    for rule in records:
+        name = _check_record_shape(rule, choices)
+        lacking = _lacking(rule, engine, choices)
+        if lacking:
+            left_out[name] = lacking
+    return left_out
+
+
+def prometheus_record_groups(
+    records: Iterable[Mapping[str, Any]],
+    engine: Mapping[str, Any],
+    own: Mapping[str, Any],
+    exporters: Mapping[str, Any],
+    choices: Mapping[str, list[str]],
+) -> list[dict[str, Any]]:
+    records = list(records)
+    left_out = prometheus_records_left_out(records, engine, choices)
+    known = _known(engine, own, exporters, reliable=False)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    problems = []
+    recorded: set[str] = set()
+    for rule in records:
+        if rule["record"] in left_out:
+            continue
+        problems += [f"record {rule['record']} names {problem}" for problem in _missing(rule["expr"], known)]
+        problems += [
+            f"record {rule['record']} reads {name}, which no rule before it records"
+            for name in sorted(set(_RECORDED.findall(rule["expr"])) - recorded)
+        ]
+        recorded.add(rule["record"])
+        rendered: dict[str, Any] = {"record": rule["record"], "expr": rule["expr"].strip()}
+        if rule.get("labels"):
+            rendered["labels"] = dict(rule["labels"])
+        groups.setdefault(rule.get("group", "llmfleet-records"), []).append(rendered)
+    if problems:
+        raise AnsibleFilterError(
+            "refusing to render recording rules that name metrics the stack does not export: "
+            + "; ".join(problems)
+            + ". Name engine metrics through __prometheus_engine_metric_recorded, and list the meanings in `needs`."
+        )
+    return [{"name": name, "rules": group} for name, group in groups.items()]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "prometheus_engine_metric_names": prometheus_engine_metric_names,
             "prometheus_alert_groups": prometheus_alert_groups,
+            "prometheus_record_groups": prometheus_record_groups,
+            "prometheus_records_left_out": prometheus_records_left_out,
         }

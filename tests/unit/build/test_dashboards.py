@@ -2,7 +2,10 @@
 
 What the stack exports is read from the metric catalogs (files/engine_metrics/):
 each vLLM release's list, llmfleet's own services' list and the exporters'.
-Prometheus's own `up` is the one name outside them.
+Prometheus's own `up` is the one name outside them, besides the series the
+prometheus role's recording rules record (roles/prometheus/vars/records.yml);
+tests/unit/roles/test_alert_rules.py checks those per release against the rules
+the role renders.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from llmfleet.build import dashboards
 from llmfleet.build.dashboards import Release, metric_names
+from llmfleet.paths import REPO_ROOT
 
 RELEASES = dashboards.releases()
 PROMETHEUS_OWN = {"up"}
+RECORDS = REPO_ROOT / "roles" / "prometheus" / "vars" / "records.yml"
 
 
 def _catalog_names(name: str) -> set[str]:
@@ -26,8 +32,13 @@ def _catalog_names(name: str) -> set[str]:
     return {metric["name"] for metric in catalog["metrics"]}
 
 
+def _recorded() -> set[str]:
+    return {rule["record"] for rule in yaml.safe_load(RECORDS.read_text())["__prometheus_recording_rules"]}
+
+
 def _exported(release: Release) -> set[str]:
-    return set(release.metrics) | _catalog_names("llmfleet.json") | _catalog_names("exporters.json") | PROMETHEUS_OWN
+    return (set(release.metrics) | _catalog_names("llmfleet.json") | _catalog_names("exporters.json")
+            | PROMETHEUS_OWN | _recorded())
 
 
 def test_there_are_releases_to_build_for() -> None:
@@ -107,3 +118,24 @@ def test_a_metric_the_release_lacks_is_caught() -> None:
         "vllm:kv_cache_usage_perc"}
     assert metric_names("max by (instance) (vllm:gpu_cache_usage_perc)") - _exported(by_version["0.32.0"]) == {
         "vllm:gpu_cache_usage_perc"}
+
+
+@pytest.mark.parametrize(("version", "shown"), [("0.4.2", False), ("0.9.2", True), ("0.32.0", True)])
+def test_the_prefix_cache_hit_ratio_is_shown_where_the_release_counts_lookups(version: str, shown: bool) -> None:
+    release = next(release for release in RELEASES if release.version == version)
+    model = dashboards.dashboard(release)
+    panels = [panel for panel in model["panels"] if panel["title"] == "Prefix-cache hit ratio"]
+    assert len(panels) == int(shown)
+    if shown:
+        exprs = [target["expr"] for target in panels[0]["targets"]]
+        assert exprs == [dashboards.FLEET_PREFIX_CACHE_HIT_RATIO, dashboards.ENGINE_PREFIX_CACHE_HIT_RATIO]
+        assert panels[0]["fieldConfig"]["defaults"] == {"unit": "percentunit", "min": 0, "max": 1}
+        assert {dashboards.FLEET_PREFIX_CACHE_HIT_RATIO, dashboards.ENGINE_PREFIX_CACHE_HIT_RATIO} <= _recorded()
+
+
+def test_a_series_no_rule_records_is_caught() -> None:
+    release = RELEASES[-1]
+    assert dashboards.is_recorded("job:vllm_prefix_cache_hit_ratio:rate")
+    assert not dashboards.is_recorded("vllm:prefix_cache_hits_total")
+    assert metric_names("job:vllm_prefix_cache_hit_ratio:rate5m") - _exported(release) == {
+        "job:vllm_prefix_cache_hit_ratio:rate5m"}

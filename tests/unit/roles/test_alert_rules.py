@@ -1,11 +1,13 @@
-"""The prometheus role's alert rules, rendered as hosts get them, pass `promtool test rules`.
+"""The prometheus role's alert and recording rules, rendered as hosts get them, pass `promtool test rules`.
 
 The rules are rendered on the controller by ansible-playbook through the task file the
 role runs on hosts (roles/prometheus/tasks/rules.yml, with its alert data, its filter and
 its template, `promtool check rules` as the template's validate), once per engine
 release. promtool's unit tests in tests/unit/roles/promtool/ then hold for every alert a
 case that fires and one that does not. Each release's rules name its own KV-cache metric:
-the tests feed that name, and the other name to prove it is not read.
+the tests feed that name, and the other name to prove it is not read. The recording
+rules (the prefix-cache hit ratio) exist only for releases that count prefix-cache
+lookups, and the fleet dashboard of each release reads only the series its rules record.
 
 promtool comes from Debian's `prometheus` package (scripts/bootstrap.sh installs it).
 """
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llmfleet.build import dashboards
 from llmfleet.paths import REPO_ROOT
 
 PROMTOOL_DIR = Path(__file__).resolve().parent / "promtool"
@@ -38,6 +41,17 @@ RELEASES = {"0.32.0": KV_CACHE["current"], "0.9.2": KV_CACHE["old"], "0.4.2": KV
 # vLLM 0.4.2 has no preemption counter: a stack on it disables the alert.
 DISABLED = {"0.4.2": ["PreemptionsHigh"]}
 PREEMPTION_TESTS = "preemptions.yml"
+# The recorded prefix-cache series, and the releases that count prefix-cache lookups
+# (vllm:prefix_cache_{hits,queries}_total: 0.9.2's V1 engine, 0.32.0); 0.4.2 counts none.
+PREFIX_CACHE_RECORDS = {
+    "instance:vllm_prefix_cache_hits:rate",
+    "instance:vllm_prefix_cache_queries:rate",
+    "instance:vllm_prefix_cache_hit_ratio:rate",
+    "job:vllm_prefix_cache_hit_ratio:rate",
+}
+PREFIX_CACHE_RELEASES = {"0.9.2", "0.32.0"}
+PREFIX_CACHE_TESTS = "prefix_cache.yml"
+RECORDS = REPO_ROOT / "roles" / "prometheus" / "vars" / "records.yml"
 # Alerts that fire all the time by design (the dead man's switch's heartbeat): no state is quiet.
 ALWAYS_FIRING = {"Watchdog"}
 
@@ -78,8 +92,15 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 def _rules(path: Path) -> list[dict[str, Any]]:
+    """The alert rules of a rendered rules file."""
     groups = yaml.safe_load(path.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The recording rules of a rendered rules file."""
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "record" in rule]
 
 
 def _test_files(version: str) -> list[Path]:
@@ -87,6 +108,8 @@ def _test_files(version: str) -> list[Path]:
     files = [path for path in files if path != RENDER_PLAYBOOK]
     if "PreemptionsHigh" in DISABLED.get(version, []):
         files = [path for path in files if path.name != PREEMPTION_TESTS]
+    if version not in PREFIX_CACHE_RELEASES:
+        files = [path for path in files if path.name != PREFIX_CACHE_TESTS]
     return files
 
 
@@ -196,3 +219,74 @@ def test_disabling_an_alert_that_does_not_exist_is_refused(tmp_path: Path) -> No
     result = render("0.32.0", tmp_path, prometheus_alerts_disabled=["PreemptionHigh"])
     assert result.returncode != 0
     assert "prometheus_alerts_disabled names PreemptionHigh, which no rule has" in " ".join(result.stdout.split())
+
+
+def test_the_prefix_cache_records_follow_the_release(rendered: tuple[str, Path]) -> None:
+    """0.9.2 and 0.32.0 record the hit ratio from the current counters; 0.4.2, which counts no prefix-cache
+    lookups, records nothing and its rules file says why."""
+    version, out = rendered
+    records = {rule["record"]: rule["expr"] for rule in _records(out / "rules.yml")}
+    if version in PREFIX_CACHE_RELEASES:
+        assert set(records) == PREFIX_CACHE_RECORDS
+        reads = " ".join(records.values())
+        assert "rate(vllm:prefix_cache_hits_total[5m])" in reads
+        assert "rate(vllm:prefix_cache_queries_total[5m])" in reads
+        assert "gpu_prefix_cache" not in reads
+    else:
+        assert records == {}
+        text = (out / "rules.yml").read_text()
+        for record in PREFIX_CACHE_RECORDS:
+            assert f"# Left out: recording rule {record}, because vLLM {version} exports no" in text
+
+
+def test_the_records_use_the_roles_rate_window(tmp_path: Path) -> None:
+    result = render("0.32.0", tmp_path, prometheus_alert_rate_window="10m")
+    assert result.returncode == 0, result.stdout[-4000:]
+    exprs = " ".join(rule["expr"] for rule in _records(tmp_path / "rules.yml"))
+    assert "rate(vllm:prefix_cache_hits_total[10m])" in exprs and "[5m]" not in exprs
+
+
+def test_the_tests_catch_an_unweighted_fleet_ratio(tmp_path: Path) -> None:
+    """The promtool tests can fail: a fleet ratio that averages the engines' ratios (ignoring their traffic)
+    does not pass them."""
+    records = yaml.safe_load(RECORDS.read_text())["__prometheus_recording_rules"]
+    for rule in records:
+        if rule["record"] == "job:vllm_prefix_cache_hit_ratio:rate":
+            rule["expr"] = "avg without (instance) (instance:vllm_prefix_cache_hit_ratio:rate)"
+    result = render("0.32.0", tmp_path, __prometheus_recording_rules=records)
+    assert result.returncode == 0, result.stdout[-4000:]
+    tested = run_promtool_tests("0.32.0", tmp_path)
+    assert tested.returncode != 0
+    assert "job:vllm_prefix_cache_hit_ratio:rate" in tested.stdout + tested.stderr
+
+
+def test_rendering_refuses_a_record_naming_a_metric_the_release_does_not_export(tmp_path: Path) -> None:
+    records = [{"group": "llmfleet-test", "record": "instance:vllm_preemptions:rate", "needs": [],
+                "expr": "sum by (job, instance) (rate(vllm:num_preemptions_total[5m]))"}]
+    result = render("0.4.2", tmp_path, __prometheus_recording_rules=records)
+    assert result.returncode != 0
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "record instance:vllm_preemptions:rate names vllm:num_preemptions_total, which vLLM 0.4.2" in output
+    assert not (tmp_path / "rules.yml").exists()
+
+
+def test_rendering_refuses_a_record_reading_a_series_no_rule_records(tmp_path: Path) -> None:
+    records = [{"group": "llmfleet-test", "record": "job:vllm_prefix_cache_hit_ratio:rate", "needs": [],
+                "expr": "sum without (instance) (instance:vllm_prefix_cache_hits:rate)"}]
+    result = render("0.32.0", tmp_path, __prometheus_recording_rules=records)
+    assert result.returncode != 0
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "reads instance:vllm_prefix_cache_hits:rate, which no rule before it records" in output
+
+
+def test_the_dashboard_reads_only_what_the_rules_record(rendered: tuple[str, Path]) -> None:
+    """Each release's fleet dashboard reads recorded series that its rules record, and shows the prefix-cache
+    hit ratio (fleet and per engine) wherever they record it."""
+    version, out = rendered
+    release = next(release for release in dashboards.releases() if release.version == version)
+    read = {name for expr in dashboards.queries(dashboards.dashboard(release))
+            for name in dashboards.metric_names(expr) if dashboards.is_recorded(name)}
+    recorded = {rule["record"] for rule in _records(out / "rules.yml")}
+    assert read <= recorded, f"vLLM {version}: the dashboard reads series no rule records: {sorted(read - recorded)}"
+    hit_ratio = {"instance:vllm_prefix_cache_hit_ratio:rate", "job:vllm_prefix_cache_hit_ratio:rate"}
+    assert (hit_ratio <= read) == (version in PREFIX_CACHE_RELEASES)

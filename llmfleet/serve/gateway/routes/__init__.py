@@ -1,4 +1,4 @@
-"""One APIRouter per resource: chat, completions, models, tasks, and health (probes and metrics)."""
+"""One APIRouter per resource: chat, completions, responses, messages, models, tasks, and health (probes, metrics)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         504: "no answer before the deadline",
     }
     return {status: {"model": ErrorResponse, "description": described[status]} for status in statuses}
-
-
-PREFER = "`respond-async`: queue the request and answer 202 with a task id (GET /v1/tasks/{id})"
 
 
 def completion_responses(answer: str, chunk: str) -> dict[int | str, dict[str, Any]]:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from llmfleet.serve.gateway import idempotency
 from llmfleet.serve.gateway.deps import PrincipalDep, StateDep
-from llmfleet.serve.gateway.routes import PREFER, completion_responses
+from llmfleet.serve.gateway.routes import completion_responses
 from llmfleet.serve.gateway.schemas import CompletionRequest
-from llmfleet.serve.gateway.service import submit
+from llmfleet.serve.gateway.service import OptionsDep, submit
 
 router = APIRouter(tags=["completions"])
 
@@ -24,9 +21,6 @@ async def completions(
     request: Request,
     principal: PrincipalDep,
     state: StateDep,
-    prefer: Annotated[str | None, Header(description=PREFER, max_length=256)] = None,
-    idempotency_key: Annotated[
-        str | None, Header(alias=idempotency.HEADER, description=idempotency.DESCRIPTION, pattern=idempotency.PATTERN)
-    ] = None,
+    options: OptionsDep,
 ) -> Response:
-    return await submit("completion", body, request, principal, state, prefer, idempotency_key)
+    return await submit("completion", body, request, principal, state, options)

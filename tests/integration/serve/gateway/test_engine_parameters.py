@@ -57,6 +57,7 @@ CHAT_PARAMETERS: dict[str, dict[str, Any]] = {
     "n": {"n": 2, "seed": 3},
     "sampling": {"temperature": 0.7, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.5},
     "stop": {"stop": ["\n", "fox"], "user": "alice"},
+    "prompt_cache_key": {"prompt_cache_key": "conversation-7"},  # the workers' prefix_affinity key
     "logit_bias": {"logit_bias": {"5": -100, "6": 10}},
     "tools_auto": {"tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False},
     "tools_named": {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
@@ -87,6 +88,7 @@ COMPLETION_PARAMETERS: dict[str, dict[str, Any]] = {
     "n_seed": {"n": 2, "seed": 5, "best_of": 1},
     "bad_words": {"bad_words": ["fox"], "spaces_between_special_tokens": False},
     "allowed_token_ids": {"allowed_token_ids": [10, 11, 12]},
+    "prompt_cache_key": {"prompt_cache_key": "conversation-7"},
 }
 
 

@@ -509,13 +509,28 @@ def _open_request(stack: Stack, path: str, body: dict[str, Any]) -> socket.socke
     return connection
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["sync", "stream"])
-def test_a_client_that_goes_away_cancels_the_engine_request(stack: Stack, stream: bool, stalling_engine: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, completion(max_tokens=2000, ignore_eos=True)),
+        (COMPLETIONS, completion(max_tokens=2000, ignore_eos=True, stream=True)),
+        # The named-event APIs' streams go the same way.
+        ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 2000, "stream": True}),
+        (
+            "/v1/messages",
+            {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2000, "stream": True},
+        ),
+    ],
+    ids=["sync", "stream", "responses-stream", "messages-stream"],
+)
+def test_a_client_that_goes_away_cancels_the_engine_request(
+    stack: Stack, path: str, body: dict[str, Any], stalling_engine: str
+) -> None:
     # The worker's engine stalls (StallingProxy): the request ends only by being cancelled, however long a
     # loaded Redis (appendfsync always) takes to pass the cancel on. A real engine would finish first.
     worker = only_worker(stack, [stalling_engine])
     before = metric_value(worker.metrics(), "llmfleet_worker_cancelled_total")
-    connection = _open_request(stack, COMPLETIONS, completion(max_tokens=2000, ignore_eos=True, stream=stream))
+    connection = _open_request(stack, path, body)
     with stack.redis.client() as client:
         request_id = wait_running(stack, client, worker)
     connection.close()

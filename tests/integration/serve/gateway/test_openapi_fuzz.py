@@ -4,7 +4,7 @@ Every operation gets generated requests, valid and invalid (bodies, headers,
 path parameters), with a valid token; then valid requests with bad tokens (none,
 garbage, another key, expired, `alg: none`, a wrong audience), which must get a
 401 in OpenAI's error shape, with nothing internal in it, on every path but the
-unauthenticated probes. Completions are sent as tasks
+unauthenticated probes (Anthropic's shape on /v1/messages*). Completions are sent as tasks
 (`Prefer: respond-async`): generating up to thousands of tokens per example
 would take minutes, and the queue path is the same. Each accepted task is
 cancelled at once (DELETE /v1/tasks/{id}), and none of them may end in a
@@ -40,6 +40,10 @@ EXAMPLES_PER_MODE = 50
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("GET", "/v1/models"),
     ("GET", "/v1/tasks/{task_id}"),
     ("DELETE", "/v1/tasks/{task_id}"),
@@ -157,8 +161,12 @@ def test_bad_tokens_get_a_clean_401_and_never_a_server_error(
                 assert response.status_code in (200, 503), (name, response.status_code)
                 continue
             assert response.status_code == 401, (name, response.status_code, response.text[:300])
-            error = response.json()["error"]
-            assert set(error) == {"message", "type", "param", "code"}, error
+            body = response.json()
+            error = body["error"]
+            if path.startswith("/v1/messages"):  # Anthropic's shape on its API's routes
+                assert body["type"] == "error" and set(error) == {"message", "type"}, body
+            else:
+                assert set(error) == {"message", "type", "param", "code"}, error
             assert error["type"] == "authentication_error", error
             # Schemathesis's response: header names in lower case, each with its list of values.
             challenge = response.headers.get("www-authenticate", [""])[0]

@@ -63,6 +63,7 @@ def test_a_multi_turn_conversation_with_echoed_sdk_messages_and_tool_results_is_
         ({"n": 2, "seed": 7}, {"n": 2, "seed": 7}),
         ({"stop": ["\n", "END"], "presence_penalty": 0.5, "frequency_penalty": -0.5}, None),
         ({"user": "alice", "logit_bias": {"42": -100}}, None),
+        ({"prompt_cache_key": "conversation-7"}, None),  # the workers' prefix_affinity key
         ({"response_format": {"type": "json_object"}}, None),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}},
@@ -91,7 +92,7 @@ def test_parameters_the_engine_supports_are_passed(fields: dict[str, Any], expec
     "fields",
     [
         {"response_format": {"type": "text"}},  # the default: nothing to constrain
-        {"metadata": {"team": "a"}, "store": False, "service_tier": "auto", "prompt_cache_key": "k"},
+        {"metadata": {"team": "a"}, "store": False, "service_tier": "auto", "prompt_cache_retention": "24h"},
         {"temperature": None, "top_p": None, "stop": None, "n": None, "tools": None, "audio": None},
         {"stream": True, "stream_options": {"include_usage": True}},
         {"modalities": ["text"], "functions": None, "function_call": None},
