@@ -53,13 +53,23 @@ from llmfleet.paths import REPO_ROOT
 from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.keys import Keys
 from llmfleet.serve.queue.producer import KEEP_READ_MS
-from tests.lab.helpers import PLAYBOOK_LOGS, PlaybookRun, mint_token, on_host, prometheus, wait_for
+from tests.lab.helpers import (
+    PLAYBOOK_LOGS,
+    PlaybookRun,
+    copy_lab_inventory,
+    mint_token,
+    on_host,
+    prometheus,
+    run_playbook,
+    wait_for,
+)
 from tests.tools import LLMFLEET
 
 SCALER_ADDRESS, SCALER_PORT = "10.78.0.1", 9095  # lab_controller_address in the test lab
 SCALER = f"http://{SCALER_ADDRESS}:{SCALER_PORT}"
 SCALER_LOGS = PLAYBOOK_LOGS.parent / "lab-scaler"  # kept after the run: audit, runner artifacts, the scaler's log
 GATEWAY = "http://10.78.0.10:8080"
+ALERTMANAGER = "http://10.78.0.30:9093"  # mon1's Alertmanager in the test lab
 STANDBY_HOST, STANDBY_ENGINE = "gpu3", "10.78.0.43:8000"
 BASE_ENGINES = {"10.78.0.41:8000", "10.78.0.41:8001", "10.78.0.42:8000"}
 REQUEST = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 32, "ignore_eos": True}
@@ -573,3 +583,37 @@ def test_a_trickle_removes_the_added_host_drained(scaler: subprocess.Popen[bytes
             f"playbook in {end['duration_s']:.1f} s")
     state = json.loads((SCALER_LOGS / "state" / "state.json").read_text())
     assert state["engines_added"] == [] and state["membership"]["engine_hosts"] == [], state
+
+
+def test_a_failed_scale_out_leaves_the_standby_host_with_no_engine(facts_dir: Path, tmp_path: Path) -> None:
+    # Issue 34 item 6: scale_out.yml for gpu3, as the scaler runs it (its membership through the inventory plugin),
+    # with the engine's readiness wait cut to 5 s so that it fails while the engine is still starting: the run must
+    # fail, remove the engine it started, and lift its silence, so the host the scaler keeps as standby runs nothing.
+    inventory = copy_lab_inventory(tmp_path / "inventory")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"version": 1, "membership": {"engine_hosts": [STANDBY_HOST], "worker_counts": {}}}))
+    (inventory / "scaler.yml").write_text(yaml.safe_dump({"plugin": "llmfleet_scaler", "state_file": str(state)}))
+    silenced_before = _standby_silences()
+    run = run_playbook(inventory, "scale_out.yml", "--limit", f"{STANDBY_HOST}:gateways:monitoring",
+                       "--tags", "engines,worker", "-e", "scale_kind=engines", "-e", f"scale_host={STANDBY_HOST}",
+                       "-e", "vllm_ready_timeout=5", facts=facts_dir, log_as="failed_scale_out")
+    assert run.returncode != 0, run.output[-5000:]
+    unwrapped = " ".join(run.output.split())
+    assert "Wait until each engine lists its served model failed" in unwrapped, run.output[-5000:]
+    assert "Remove the engines a failed scale-out started" in unwrapped, run.output[-5000:]
+    engines = on_host(STANDBY_HOST, "docker", "ps", "--all", "--filter", "label=llmfleet.role=vllm",
+                      "--format", "{{.Names}}")
+    assert engines.strip() == "", f"{STANDBY_HOST} still has engine containers after the failed scale-out: {engines}"
+    # The run stopped at the failed host's play: the workers were not told of an engine that never served.
+    assert "PLAY [Stage the models and run the engines" in run.output
+    assert "PLAY [Run the workers and the gateways]" not in run.output, run.output[-5000:]
+    # Its two silences (on instance and on host) were made, and lifted by the rescue.
+    made = {key: silence for key, silence in _standby_silences().items() if key not in silenced_before}
+    assert len(made) == 2 and all(s["status"]["state"] == "expired" for s in made.values()), made
+
+
+def _standby_silences() -> dict[str, dict[str, Any]]:
+    """The silences scale_out.yml made for the standby host, by id."""
+    return {silence["id"]: silence for silence in httpx.get(f"{ALERTMANAGER}/api/v2/silences", timeout=10).json()
+            if silence["createdBy"] == "llmfleet scale_out.yml"
+            and f"planned maintenance of {STANDBY_HOST} (" in silence["comment"]}

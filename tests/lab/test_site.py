@@ -14,10 +14,14 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
+import pytest
 import yaml
 
 from llmfleet.bench import provisioning
@@ -197,6 +201,31 @@ def test_chat_completion_through_the_gateway(lab_inventory: Path, tmp_path: Path
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] > 0, answer
+
+
+def test_the_responses_and_messages_apis_through_the_gateway_with_the_official_sdks(tmp_path: Path) -> None:
+    # Issue 31: the two newer APIs through the deployed gateway, queue and workers to the lab's engines, as the
+    # official clients call them (the integration stage covers their fields and errors in depth).
+    token = mint_token(tmp_path)
+    url = f"http://{GATEWAY_ADDRESS}:8080"
+    openai_client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=60)
+    response = openai_client.responses.create(model="tiny", input="hello", max_output_tokens=8)
+    assert response.status == "completed" and response.usage and response.usage.output_tokens > 0, response
+    events = [event.type for event in openai_client.responses.create(
+        model="tiny", input="hello", max_output_tokens=8, stream=True)]
+    assert events[0] == "response.created" and events[-1] == "response.completed", events
+    assert "response.output_text.delta" in events, events
+
+    anthropic_client = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=60)
+    message = anthropic_client.messages.create(
+        model="tiny", max_tokens=8, system="Answer briefly.", messages=[{"role": "user", "content": "hello"}])
+    assert message.type == "message" and message.usage.output_tokens > 0, message
+    counted = anthropic_client.messages.count_tokens(
+        model="tiny", system="Answer briefly.", messages=[{"role": "user", "content": "hello"}])
+    assert counted.input_tokens == message.usage.input_tokens
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=url, api_key="not-a-token", max_retries=0).messages.create(
+            model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hello"}])
 
 
 def test_service_secrets_never_show_in_inspect_or_logs(lab_inventory: Path) -> None:
@@ -442,7 +471,7 @@ def test_a_drain_goes_through_any_running_worker_and_stops_the_play_when_none_ru
     finally:
         on_host(GATEWAY_HOST, "docker", "start", *workers)
         for index in range(len(workers)):
-            wait_for(lambda index=index: _worker_ready(index), f"worker {index + 1} ready again", timeout_s=120)
+            wait_for(partial(_worker_ready, index), f"worker {index + 1} ready again", timeout_s=120)
 
 
 def _worker_ready(index: int) -> bool:
