@@ -60,7 +60,7 @@ OPERATING_GROUPS: tuple[str | SharedGroup, ...] = (
     "llmfleet.ops.planner",
     "llmfleet.ops.engine",
     "llmfleet.lab.standins",
-    "llmfleet.bench.loadgen",
+    "llmfleet.bench.cli",
 )
 
 

@@ -1,4 +1,6 @@
-"""`llmfleet bench`: load an OpenAI-compatible endpoint and report throughput and latency percentiles.
+"""The load generator of `llmfleet bench`: load an OpenAI-compatible endpoint and report throughput and
+latency percentiles. The command itself is llmfleet.bench.cli; this module is the library that it,
+`bench compare`, the peers and the Locust file share, and imports no other bench module but cpuuse.
 
     llmfleet bench --url http://10.77.0.10:8080 --token-file T --rate 100 --duration 30
     llmfleet bench --url http://10.77.0.10:8080 --token-file T --concurrency 32 --peer-url http://10.77.0.41:8000
@@ -50,11 +52,10 @@ import itertools
 import json
 import math
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -474,124 +475,9 @@ def describe(report: Report) -> str:
     return text
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.url is None:
-        raise LlmfleetError("give --url (the endpoint to load), or run `llmfleet bench compare`")
-    if (args.rate is None) == (args.concurrency is None):
-        raise LlmfleetError("give one of --rate (requests per second) or --concurrency (clients)")
-    if (args.rate is not None and args.rate <= 0) or (args.concurrency is not None and args.concurrency < 1):
-        raise LlmfleetError("--rate must be above 0 and --concurrency at least 1")
-    if args.duration <= 0:
-        raise LlmfleetError("--duration must be above 0 seconds")
-    if args.warmup < 0:
-        raise LlmfleetError("--warmup must be 0 seconds or more")
-    if args.cpu and not (cpuuse.PROC / "stat").is_file():
-        raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
-    headers = read_token(args.token_file)
-    reports = [asyncio.run(measure(args, args.label, [args.url], headers))]
-    if args.peer_url:
-        peer_headers = bearer(read_engine_key(args.peer_key_file, "--peer-key-file"))
-        reports.append(asyncio.run(measure(args, args.peer_label, args.peer_url, peer_headers)))
-    result: dict[str, Any] = {"reports": [asdict(report) for report in reports]}
-    main = reports[0]
-    if args.rate is not None:
-        result["target"] = {"rps": args.target_rps, "p95_ms": args.target_p95_ms}
-        result["target_met"] = verdict(main, args.target_rps, args.target_p95_ms)
-    if len(reports) == 2 and reports[1].throughput_rps > 0:
-        peer = reports[1]
-        result["throughput_ratio"] = round(main.throughput_rps / peer.throughput_rps, 3)
-        result["added_p50_ms"] = round(main.p50_ms - peer.p50_ms, 1)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    else:
-        for report in reports:
-            print(describe(report))
-        if "throughput_ratio" in result:
-            print(
-                f"{main.label} / {reports[1].label}: {result['throughput_ratio']:.2f} of the throughput,"
-                f" {result['added_p50_ms']:+.0f} ms at p50"
-            )
-        if "target_met" in result:
-            met = result["target_met"]
-            print(
-                f"target {args.target_rps:g} req/s, p95 < {args.target_p95_ms:g} ms, 0 errors: "
-                + ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in met.items())
-            )
-    if all(report.ok == 0 for report in reports):
-        raise LlmfleetError("no request was answered: is the URL right, and the token valid? (see the errors above)")
-    return 0
-
-
 def add_stream_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stream",
         action="store_true",
         help="ask for server-sent events (usage in the last one) and also report the time to first token",
     )
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "bench",
-        help="load an OpenAI-compatible endpoint; report throughput and p50/p95/p99",
-        description=(
-            "Send completions to URL at a fixed rate (--rate, open loop) or from N back-to-back clients"
-            " (--concurrency, closed loop) and report answered requests per second, latency percentiles and"
-            " errors; with --peer-url, the same against a second endpoint and the ratio of the two."
-        ),
-    )
-    # Required, but checked in run(): argparse would also demand it of `llmfleet bench compare`.
-    parser.add_argument("--url", help="base URL, e.g. http://10.77.0.10:8080 (required)")
-    parser.add_argument("--token-file", help="a file holding the bearer token for --url (not for --peer-url)")
-    load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="open loop: requests started per second")
-    load.add_argument("--concurrency", type=int, help="closed loop: clients sending back to back")
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=30.0,
-        help="seconds of the measured window (default 30): latency and errors of the requests due or sent in it,"
-        " throughput of the answers that arrive in it",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=3.0,
-        help="seconds of the same load before the window, not measured (default 3)",
-    )
-    parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
-    parser.add_argument("--endpoint", choices=sorted(PATHS), default="chat", help="API to call (default chat)")
-    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default 16)")
-    add_stream_option(parser)
-    parser.add_argument("--label", default="target", help="name for --url in the report (default target)")
-    parser.add_argument(
-        "--peer-url",
-        action="append",
-        help="also load this endpoint after --url and report the ratio; repeat it to spread over several in turn",
-    )
-    parser.add_argument(
-        "--peer-key-file",
-        help="a file holding the bearer token for --peer-url (the engines' API key, when they take one)",
-    )
-    parser.add_argument("--peer-label", default="peer", help="name for --peer-url in the report (default peer)")
-    parser.add_argument("--target-rps", type=float, default=100.0, help="throughput target (default 100)")
-    parser.add_argument("--target-p95-ms", type=float, default=800.0, help="p95 latency target (default 800)")
-    parser.add_argument(
-        "--cpu",
-        action="store_true",
-        help="also report CPU ms per answer in the window by part of the stack on this machine, and busy cores",
-    )
-    parser.add_argument("--out", help="also write the JSON result to this file")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.set_defaults(handler=run)
-    # `llmfleet bench compare`, `plot`, `locust` and `planner` are subcommands of this one.
-    # Imported here, not at the top: llmfleet.bench.compare imports this module.
-    from llmfleet.bench import compare, locustrun, planner_accuracy, plots
-
-    commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
-    compare.register(commands)
-    plots.register(commands)
-    locustrun.register(commands)
-    planner_accuracy.register(commands)

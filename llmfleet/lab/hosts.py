@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmfleet.build.docker_engine import docker
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab import standin_pci
-from llmfleet.lab.engine import docker
 from llmfleet.lab.topology import Lab, LabHost
 
 __all__ = ["HostStatus", "Lab", "deliver_archive", "down", "status", "up", "wait_for_systemd"]

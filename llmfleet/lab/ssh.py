@@ -15,8 +15,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from llmfleet.build.docker_engine import docker
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab.engine import docker
 from llmfleet.lab.topology import Lab, LabHost
 from llmfleet.paths import cache_dir
 

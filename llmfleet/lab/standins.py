@@ -41,8 +41,8 @@ from typing import Any
 import yaml
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.ops.stack import STACKS_FILE, load_stacks
 from llmfleet.paths import REPO_ROOT, cache_dir
+from llmfleet.stacks import STACKS_FILE, load_stacks
 
 log = logging.getLogger(__name__)
 

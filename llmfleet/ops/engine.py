@@ -32,8 +32,8 @@ from typing import Any
 from llmfleet.errors import LlmfleetError, RefusedError
 from llmfleet.module_utils import engine_args
 from llmfleet.module_utils.model_validation import LAB_ENGINE_VERSION
-from llmfleet.ops.stack import STACKS_FILE, get_stack
 from llmfleet.paths import REPO_ROOT
+from llmfleet.stacks import STACKS_FILE, get_stack
 
 FLAGS_DIR = REPO_ROOT / "files" / "engine_flags"
 INTROSPECT = Path(__file__).resolve().parent / "engine_introspect.py"

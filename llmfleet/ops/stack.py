@@ -11,17 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from llmfleet.errors import LlmfleetError, RefusedError
 from llmfleet.module_utils import stack_compat
-from llmfleet.paths import REPO_ROOT
-
-STACKS_FILE = REPO_ROOT / "playbooks" / "vars" / "stacks.yml"
+from llmfleet.stacks import STACKS_FILE, get_stack, load_stacks
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,27 +50,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("--json", action="store_true", help="print the stack(s) as JSON")
     show.add_argument("--stacks-file", type=Path, default=STACKS_FILE, help=argparse.SUPPRESS)
     show.set_defaults(handler=_show)
-
-
-def load_stacks(path: Path = STACKS_FILE) -> dict[str, Mapping[str, Any]]:
-    """The `gpu_stacks` mapping of the table, name -> stack."""
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise LlmfleetError(f"cannot read the stack table {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise LlmfleetError(f"the stack table {path} is not valid YAML: {error}") from error
-    stacks = document.get("gpu_stacks") if isinstance(document, dict) else None
-    if not isinstance(stacks, dict) or not all(isinstance(stack, dict) for stack in stacks.values()):
-        raise LlmfleetError(f"{path} must hold a 'gpu_stacks' mapping of stack name -> stack")
-    return {str(name): stack for name, stack in stacks.items()}
-
-
-def get_stack(name: str, path: Path = STACKS_FILE) -> Mapping[str, Any]:
-    stacks = load_stacks(path)
-    if name not in stacks:
-        raise LlmfleetError(f"no stack {name!r} in {path}; known stacks: {', '.join(sorted(stacks))}")
-    return stacks[name]
 
 
 def _compute_capability(args: argparse.Namespace) -> str | None:

@@ -7,6 +7,9 @@ The doc names tests as pytest node ids (`path.py::test_name`, optionally `::Clas
 
 DESIGN.md lives beside the repository (../shared/DESIGN.md), not in it: where it is present, its table's
 row numbers must all have a section; the doc's own summary table carries the 15 titles either way.
+
+The summary table (number, title linked to its section, where it is caught, coverage) lives in this doc
+only; the README links to it and keeps no copy that could drift (issue 33).
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ PARTS = (
 NOT_PROVEN = "**Not yet proven.**"
 
 HEADING = re.compile(r"^## (\d+)\. ([^\n]+?)[ \t]*$", re.MULTILINE)
-SUMMARY_ROW = re.compile(r"^\| (\d+) \| \[([^\]]+)\]\(#([^)]+)\) \| ([a-z ]+) \|$", re.MULTILINE)
+# number, title linked to its section, where it is caught (not empty), coverage.
+SUMMARY_ROW = re.compile(
+    r"^\| (\d+) \| \[([^\]]+)\]\(#([^)]+)\) \| [^|\n]*[^|\s][^|\n]* \| ([a-z ]+) \|$", re.MULTILINE
+)
 NODE_ID = re.compile(r"`([\w./-]+\.py)::(\w+(?:::\w+)?)(?:\[[^\]`]*\])?`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")
 COVERAGE_LINE = re.compile(r"^\*\*Coverage:\*\* ([^\n]+?)[ \t]*$", re.MULTILINE)
 DESIGN_ROW = re.compile(r"^\| (\d+) \|", re.MULTILINE)
-# The README's table: number, title linked to its section, where it is caught, coverage.
-README_ROW = re.compile(
-    r"^\| (\d+) \| \[([^\]]+)\]\(docs/failure-modes\.md#([^)]+)\) \| [^|\n]+ \| ([a-z ]+) \|$", re.MULTILINE
-)
+# A row of the failure table linked into the doc from elsewhere: the README must have none.
+README_ROW = re.compile(r"^\| (\d+) \| \[([^\]]+)\]\(docs/failure-modes\.md#([^)]+)\)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -159,15 +163,15 @@ def summary_problems(text: str, found: list[Section]) -> list[str]:
     return problems
 
 
-def readme_problems(readme: str, doc: str) -> list[str]:
-    """The README's failure table has the doc summary's rows: the same numbers, titles, anchors and coverage."""
-    summary = SUMMARY_ROW.findall(doc)
-    table = README_ROW.findall(readme)
-    if table == summary:
-        return []
-    numbers = [int(number) for number, *_ in table]
-    changed = [row[0] for row in summary if row not in table]
-    return [f"README rows {numbers}; rows that differ from docs/failure-modes.md's summary: {changed}"]
+def readme_problems(readme: str) -> list[str]:
+    """The README links the doc's table and carries no copy of its rows, which could drift from it."""
+    problems = []
+    if "](docs/failure-modes.md" not in readme:
+        problems.append("the README does not link docs/failure-modes.md")
+    copied = [int(number) for number, *_ in README_ROW.findall(readme)]
+    if copied:
+        problems.append(f"the README repeats rows {copied} of docs/failure-modes.md's table: link to it instead")
+    return problems
 
 
 def all_problems(text: str, doc_dir: Path, root: Path) -> list[str]:
@@ -192,18 +196,33 @@ def test_the_summary_table_lists_every_row_as_its_section_does() -> None:
     assert not problems, "docs/failure-modes.md:\n" + "\n".join(problems)
 
 
-def test_the_readme_table_lists_every_row_as_the_doc_does() -> None:
-    problems = readme_problems(README.read_text(), DOC.read_text())
+def test_the_readme_links_the_table_and_keeps_no_copy() -> None:
+    problems = readme_problems(README.read_text())
     assert not problems, problems
 
 
-def test_a_readme_row_whose_coverage_lags_the_doc_is_named() -> None:
-    doc = DOC.read_text()
-    row = next(line for line in README.read_text().splitlines() if line.startswith("| 3 | ["))
+def test_a_readme_copy_of_the_table_is_named() -> None:
+    copied = README.read_text() + "\n" + DOC.read_text().replace("](#", "](docs/failure-modes.md#")
+    assert readme_problems(copied) == [
+        f"the README repeats rows {list(range(1, ROWS + 1))} of docs/failure-modes.md's table: link to it instead"
+    ]
+    assert readme_problems("# llmfleet\n") == ["the README does not link docs/failure-modes.md"]
+
+
+def test_a_summary_row_whose_coverage_lags_its_section_is_named() -> None:
+    text = DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 3 | ["))
     assert row.endswith("| covered |"), row
-    stale = README.read_text().replace(row, row.replace("| covered |", "| partial |"))
-    assert readme_problems(stale, doc) == [
-        f"README rows {list(range(1, ROWS + 1))}; rows that differ from docs/failure-modes.md's summary: ['3']"
+    stale = text.replace(row, row.replace("| covered |", "| partial |"))
+    assert summary_problems(stale, sections(stale)) == ["summary row 3: coverage 'partial' differs from the section's"]
+
+
+def test_a_summary_row_that_says_not_where_it_is_caught_is_not_a_row() -> None:
+    text = DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 3 | ["))
+    emptied = text.replace(row, "|".join([*row.split("|")[:3], "  ", *row.split("|")[4:]]))
+    assert summary_problems(emptied, sections(emptied)) == [
+        f"the summary table has rows {[n for n in range(1, ROWS + 1) if n != 3]}, not 1..{ROWS}"
     ]
 
 
@@ -297,14 +316,14 @@ def test_the_checker_names_missing_parts_numbering_and_summary_drift(tmp_path: P
     doc_dir = _write_fixture(tmp_path)
     good = "- `tests/test_a.py::test_real` ([file](../tests/test_a.py))"
     broken = _section(2, "No fix", "maybe", good).replace("**Fix.** f\n", "")
-    summary = "| 1 | [One](#1-one) | covered |\n| 2 | [Two](#2-two) | partial |\n"
+    summary = "| 1 | [One](#1-one) | c | covered |\n| 2 | [Two](#2-two) | c | partial |\n"
     text = summary + _section(1, "One", "covered", good, not_proven=False) + broken
     problems = all_problems(text, doc_dir, tmp_path)
     assert problems[0].startswith("sections are numbered [1, 2], not 1..15 in order; missing: [3, 4,")
     assert problems[1] == "the summary table has rows [1, 2], not 1..15"
     assert "section 2 (No fix): no **Fix.** paragraph" in problems
     assert "section 2 (No fix): coverage 'maybe' is not one of covered, partial, not proven" in problems
-    full_summary = "".join(f"| {n} | [T{n}](#{n}-t{n}) | covered |\n" for n in range(1, ROWS + 1))
+    full_summary = "".join(f"| {n} | [T{n}](#{n}-t{n}) | check {n} | covered |\n" for n in range(1, ROWS + 1))
     renamed = full_summary.replace("[T1](#1-t1)", "[Other](#1-other)")
     drift = summary_problems(renamed, [Section(1, "T1", "\n**Coverage:** partial\n")])
     assert drift == [

@@ -21,8 +21,8 @@ import yaml
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab import standins
-from llmfleet.ops.stack import load_stacks
 from llmfleet.paths import REPO_ROOT
+from llmfleet.stacks import load_stacks
 
 ROLES = REPO_ROOT / "roles"
 FIXTURES = Path(__file__).parent / "fixtures"

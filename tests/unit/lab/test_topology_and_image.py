@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet.build.base_image import content_key, debian_mirror
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab.image import content_key, debian_mirror
 from llmfleet.lab.topology import DEFAULT_INVENTORY, load_lab
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from llmfleet import cli
-from llmfleet.ops.stack import STACKS_FILE, load_stacks
+from llmfleet.stacks import STACKS_FILE, load_stacks
 
 Run = Callable[..., tuple[int, str, str]]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from llmfleet.module_utils import engine_args
-from llmfleet.ops.stack import load_stacks
+from llmfleet.stacks import load_stacks
 
 VERSIONS = ["0.4.2", "0.9.2", "0.32.0"]
 # The engine binds every interface inside its container (DESIGN.md failure mode #4).

@@ -1,4 +1,5 @@
-"""The lab's Debian 12 systemd base image: debootstrap + `docker import`, never pulled.
+"""The Debian 12 systemd base image: debootstrap + `docker import`, never pulled. The lab's hosts, the
+Molecule scenarios and the engine and service images (llmfleet.build.images) all start from it.
 
 The image is tagged with a content key: a hash of everything that shapes the
 root filesystem (suite, package list, mirror, recipe version). A built key is
@@ -18,8 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from llmfleet.build.docker_engine import docker
 from llmfleet.errors import LlmfleetError
-from llmfleet.lab.engine import docker
 from llmfleet.paths import cache_dir, exclusive_build
 
 log = logging.getLogger(__name__)

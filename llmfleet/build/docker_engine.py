@@ -1,4 +1,4 @@
-"""The local Docker engine the lab runs on: installed and started when absent."""
+"""The local Docker engine the lab and the image builds run on: installed and started when absent."""
 
 from __future__ import annotations
 
