@@ -210,7 +210,12 @@ def test_the_responses_and_messages_apis_through_the_gateway_with_the_official_s
     url = f"http://{GATEWAY_ADDRESS}:8080"
     openai_client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=60)
     response = openai_client.responses.create(model="tiny", input="hello", max_output_tokens=8)
-    assert response.status == "completed" and response.usage and response.usage.output_tokens > 0, response
+    # The tiny model seldom stops by itself: 8 tokens may end it as "incomplete" (max_output_tokens), as the
+    # integration tests allow.
+    assert response.usage and response.usage.output_tokens > 0, response
+    assert response.status == "completed" or (
+        response.status == "incomplete" and response.incomplete_details
+        and response.incomplete_details.reason == "max_output_tokens"), response
     events = [event.type for event in openai_client.responses.create(
         model="tiny", input="hello", max_output_tokens=8, stream=True)]
     assert events[0] == "response.created" and events[-1] == "response.completed", events
