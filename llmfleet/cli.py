@@ -47,6 +47,7 @@ SERVING_GROUPS: tuple[str | SharedGroup, ...] = (
     "llmfleet.serve.gateway.cli",
     "llmfleet.serve.worker.cli",
     "llmfleet.ops.token",
+    "llmfleet.ops.usage",
 )
 # What operates the fleet from a controller: offered where the ops extra is installed.
 OPERATING_GROUPS: tuple[str | SharedGroup, ...] = (

@@ -9,6 +9,10 @@ fixed window (weighted by how much of the previous one still overlaps).
 Tokens per minute count prompt tokens + max_tokens at admission: a
 reservation, known before the engine runs. Unused tokens are not refunded,
 so a client asking for far more max_tokens than it uses reaches the limit early.
+
+Token budgets (daily, monthly: llmfleet/serve/queue/usage.py) are checked in
+the same script with the same estimate, held until the answer, which then
+charges what the engine reports instead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from llmfleet.serve.gateway.config import TierLimits
 from llmfleet.serve.gateway.errors import APIError
 from llmfleet.serve.queue.keys import Keys
 from llmfleet.serve.queue.producer import Admission, Limit, LimitState
+from llmfleet.serve.queue.usage import BudgetRefusal
 
 WINDOW_MS = 60_000
 
@@ -77,3 +82,10 @@ def refusal(admission: Admission, tier: TierLimits) -> APIError:
         )
         code = f"{limit.unit}_limit_exceeded"
     return APIError(429, message, "rate_limit_error", code, headers={"Retry-After": retry_after, **extra})
+
+
+def budget_refusal(refusal: BudgetRefusal, now_ms: int) -> APIError:
+    """The 429 for a request over a token budget: which budget, and when it resets (Retry-After until then)."""
+    retry_after = str(refusal.retry_after_s(now_ms))
+    code = f"{refusal.period}_budget_exceeded"
+    return APIError(429, refusal.message(now_ms), "rate_limit_error", code, headers={"Retry-After": retry_after})

@@ -168,6 +168,8 @@ async def submit(
             concurrency_cap=tier.concurrency,
             lease_ms=job.deadline_ms - now + DEADLINE_GRACE_MS,
             idempotency=idempotency,
+            tier=principal.tier,
+            cost=cost,
         )
     except RedisError as error:
         state.replies.unregister(job.id)
@@ -193,6 +195,8 @@ async def submit(
             message = f"the queue is full for lane {principal.lane} ({admission.depth} requests); retry after {retry} s"
             full = APIError(503, message, "server_error", "queue_full", headers={"Retry-After": retry})
             raise _rejected(state, "queue_full", full)
+        if admission.budget is not None:
+            raise _rejected(state, "budget", ratelimit.budget_refusal(admission.budget, now_ms()))
         reason = "concurrency" if admission.refused_by is None else "rate_limit"
         raise _rejected(state, reason, ratelimit.refusal(admission, tier))
 

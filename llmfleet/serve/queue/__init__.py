@@ -7,7 +7,8 @@
 - `scripts`: the Lua scripts that make each step atomic;
 - `producer`: the gateway's side (admit, cancel, replies, task lookup);
 - `consumer`: the worker's side (take, reclaim, begin, chunk, deliver, hand back);
-- `registry`: the live-engine registry workers publish and gateways read.
+- `registry`: the live-engine registry workers publish and gateways read;
+- `usage`: the usage records DELIVER keeps and the token budgets ADMIT checks.
 
 docs/gateway.md describes the keys and the delivery semantics.
 """

@@ -237,6 +237,9 @@ class QueueSettings(BaseSettings):
     reply_maxlen: int = Field(default=100_000, ge=1000, description="approximate cap of each reply stream")
     dead_letter_maxlen: int = Field(default=100_000, ge=100)
     engine_stale_s: float = Field(default=10.0, gt=0, description="a worker's engine report older than this is ignored")
+    usage_retention_days: int = Field(
+        default=400, ge=1, le=3650, description="how long the usage records of one UTC day are kept after it (usage.py)"
+    )
 
     @model_validator(mode="after")
     def _lanes_consistent(self) -> QueueSettings:

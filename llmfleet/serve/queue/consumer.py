@@ -26,11 +26,12 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from llmfleet.serve.queue.config import QueueSettings
-from llmfleet.serve.queue.jobs import Job, Result
+from llmfleet.serve.queue.jobs import Job, Result, now_ms, usage_tokens
 from llmfleet.serve.queue.keys import GROUP, LEGACY_MODEL, Keys
 from llmfleet.serve.queue.lanes import fair_turns
 from llmfleet.serve.queue.producer import ensure_groups, stream_rows
 from llmfleet.serve.queue.scripts import Scripts
+from llmfleet.serve.queue.usage import SPEND_DAY_TTL_S, SPEND_MONTH_TTL_S, pair_member, spend_keys, utc_day
 
 log = logging.getLogger(__name__)
 
@@ -238,8 +239,15 @@ class Consumer:
         return int(max(job.deadline_ms - job.enqueued_ms, 0) / 1000) + self.settings.result_ttl_s
 
     def _deliver_args(
-        self, entry: Entry, request_id: str, subject: str, reply: str, attempt: int, result: Result, fenced: bool
+        self, entry: Entry, job: Job | None, request_id: str, attempt: int, result: Result, fenced: bool
     ) -> tuple[list[str], list[Any]]:
+        """DELIVER's keys and arguments; a known job's usage is recorded with its first result (usage.py)."""
+        subject = job.subject if job else ""
+        reply = job.reply if job else ""
+        # The day of admission, as the gateway charged the job's estimate to it.
+        when_ms = job.enqueued_ms if job else now_ms()
+        model = job.model if job else ""
+        prompt, completion = usage_tokens(result.body) if result.ok else (0, 0)
         keys = [
             self.keys.result(request_id),
             self.keys.job(request_id),
@@ -247,6 +255,9 @@ class Consumer:
             self.keys.lane(entry.lane, entry.model),
             self.keys.concurrency(subject),
             self.keys.partial(request_id),
+            self.keys.usage(utc_day(when_ms), subject, model),
+            self.keys.usage_index(utc_day(when_ms)),
+            *spend_keys(self.keys, subject, when_ms),
         ]
         args: list[Any] = [
             result.to_json(),
@@ -259,20 +270,25 @@ class Consumer:
             self.settings.reply_maxlen,
             result.status,
             "1" if reply else "0",
+            "1" if job else "0",
+            pair_member(subject, model),
+            prompt,
+            completion,
+            self.settings.usage_retention_days * 86_400,
+            SPEND_DAY_TTL_S,
+            SPEND_MONTH_TTL_S,
         ]
         return keys, args
 
     async def deliver(self, entry: Entry, job: Job, attempt: int, result: Result, *, fenced: bool) -> int:
         """1: this result is the answer; 0: an earlier one was (a duplicate); -1: fenced off."""
-        keys, args = self._deliver_args(entry, job.id, job.subject, job.reply, attempt, result, fenced)
+        keys, args = self._deliver_args(entry, job, job.id, attempt, result, fenced)
         outcome: int = await self.scripts.deliver(keys=keys, args=args)
         return int(outcome)
 
     async def dead_letter(self, entry: Entry, job: Job | None, reason: str, attempts: int, result: Result) -> int:
         request_id = job.id if job else entry.request_id
-        subject = job.subject if job else ""
-        reply = job.reply if job else ""
-        keys, args = self._deliver_args(entry, request_id, subject, reply, attempts, result, fenced=False)
+        keys, args = self._deliver_args(entry, job, request_id, attempts, result, fenced=False)
         keys.append(self.keys.dead_letter)
         job_json = entry.fields.get("job") or json.dumps(entry.fields)
         args += [reason, attempts, job_json, self.settings.dead_letter_maxlen, entry.lane]

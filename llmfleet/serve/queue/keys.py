@@ -77,3 +77,28 @@ class Keys:
     def rate(self, scope: str, name: str, unit: str) -> str:
         """Sliding-window counter of one limit: scope sub|tenant, unit req|tok."""
         return f"{self.prefix}:rl:{scope}:{unit}:{name}"
+
+    def usage(self, day: str, subject: str, model: str) -> str:
+        """Hash: requests, errors, prompt and completion tokens of one subject's answers from one model that day.
+
+        The subject and the model are escaped (`%` and `:`), so that no two pairs share a key.
+        """
+        return f"{self.prefix}:usage:{day}:{_escape(subject)}:{_escape(model)}"
+
+    def usage_index(self, day: str) -> str:
+        """Set: the (subject, model) pairs with a usage record that day (usage.pair_member)."""
+        return f"{self.prefix}:usage:{day}"
+
+    def spend(self, period: str, when: str, subject: str) -> str:
+        """Hash `used`, `held`: a subject's tokens in one period, d (a day) or m (a month), for its budgets."""
+        return f"{self.prefix}:spend:{period}:{when}:{_escape(subject)}"
+
+    @property
+    def budgets(self) -> str:
+        """Hash: `<daily|monthly>:<tier|sub>:<name>` -> token budget (usage.py)."""
+        return f"{self.prefix}:budgets"
+
+
+def _escape(part: str) -> str:
+    """A free-text part of a key name with `%` and `:` escaped, so it cannot run into the next part."""
+    return part.replace("%", "%25").replace(":", "%3A")

@@ -31,6 +31,7 @@ from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.jobs import Job, ReplyEvent, Result, now_ms
 from llmfleet.serve.queue.keys import GROUP, Keys
 from llmfleet.serve.queue.scripts import Scripts
+from llmfleet.serve.queue.usage import SPEND_DAY_TTL_S, SPEND_MONTH_TTL_S, BudgetRefusal, spend_keys
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class LimitState:
 
 @dataclass(frozen=True)
 class Admission:
-    outcome: Literal["admitted", "rate_limited", "queue_full", "replay"]
+    outcome: Literal["admitted", "rate_limited", "queue_full", "replay", "over_budget"]
     depth: int = 0
     # rate_limited: the limit that refused, None for the concurrency cap.
     refused_by: Limit | None = None
@@ -67,6 +68,8 @@ class Admission:
     limits: tuple[LimitState, ...] = ()
     # replay: the record the Idempotency-Key already stood for (nothing was queued or charged).
     replay: str = ""
+    # over_budget: the token budget that refused it.
+    budget: BudgetRefusal | None = None
 
 
 async def ensure_groups(client: aioredis.Redis, keys: Keys, lanes: tuple[str, ...], models: Iterable[str]) -> None:
@@ -105,8 +108,13 @@ class Producer:
         concurrency_cap: int,
         lease_ms: int,
         idempotency: tuple[str, str] | None = None,
+        tier: str = "",
+        cost: int = 0,
     ) -> Admission:
-        """Check depth, limits and the concurrency cap, and queue the job: one atomic step.
+        """Check depth, budgets, limits and the concurrency cap, and queue the job: one atomic step.
+
+        Budgets (usage.py): the subject's, else its tier's, read from Redis in the same step; cost (the
+        request's estimated tokens) is held against them until the answer.
 
         The depth cap is the job's lane's (QueueSettings.depth_cap), counted over the job's model's lanes:
         lower lanes leave headroom for higher ones, and one model's backlog does not refuse another's.
@@ -121,6 +129,8 @@ class Producer:
             self.keys.concurrency(job.subject),
             *(self.keys.lane(lane, job.model) for lane in lanes),
             *(limit.key for limit in limits),
+            self.keys.budgets,
+            *spend_keys(self.keys, job.subject, job.enqueued_ms),
             *([idempotency[0]] if idempotency else []),
         ]
         ttl_s = int(max(job.deadline_ms - job.enqueued_ms, 0) / 1000) + self.settings.result_ttl_s
@@ -138,10 +148,21 @@ class Producer:
         ]
         for limit in limits:
             args += [limit.limit, limit.cost, limit.window_ms]
+        args += [tier, cost, SPEND_DAY_TTL_S, SPEND_MONTH_TTL_S]
         if idempotency:
             args.append(idempotency[1])
         reply: list[Any] = await self.scripts.admit(keys=keys, args=args)
         status = int(reply[0])
+        if status == 6:
+            refusal = BudgetRefusal(
+                period="monthly" if str(reply[1]) == "monthly" else "daily",
+                scope="tier" if str(reply[2]) == "tier" else "sub",
+                name=tier if str(reply[2]) == "tier" else job.subject,
+                budget=int(reply[3]),
+                spent=int(reply[4]),
+                cost=cost,
+            )
+            return Admission("over_budget", budget=refusal)
         if status == 5:
             return Admission("replay", replay=str(reply[1]))
         if status == 4:

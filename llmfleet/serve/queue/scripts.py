@@ -4,9 +4,9 @@ Each step that reads and then writes runs as one script, so two gateway
 processes, two workers, or a worker and its own ghost (a stalled process whose
 entry was reclaimed) can never interleave inside it:
 
-- ADMIT (gateway): queue depth cap (the lane's share, lanes.py), rate limits,
-  concurrency cap, then XADD. All or nothing: a refused request leaves no
-  trace and uses no quota.
+- ADMIT (gateway): queue depth cap (the lane's share, lanes.py), token
+  budgets (usage.py), rate limits, concurrency cap, then XADD. All or
+  nothing: a refused request leaves no trace and uses no quota.
 - TAKE (worker): XREADGROUP lane by lane, highest priority first, except the
   fair turns (lanes.py) that go to a lower lane first; within a lane, the
   streams of the models the worker follows, in turn.
@@ -15,7 +15,8 @@ entry was reclaimed) can never interleave inside it:
   (a fencing token) and return what an earlier attempt already streamed.
 - CHUNK (worker): only the owning attempt may append streamed text.
 - DELIVER (worker): the first result wins (SET NX) and is announced to the
-  waiting gateway in the same step; the entry is acknowledged and deleted.
+  waiting gateway in the same step, its usage recorded and the estimate held
+  for its budgets released; the entry is acknowledged and deleted.
 - DEAD_LETTER (worker): XADD to the dead-letter stream, then as DELIVER with
   an error result.
 - TOUCH (worker): keep entries this worker still holds from looking idle, or,
@@ -40,10 +41,12 @@ end
 
 # KEYS: 1 target lane stream, 2 job hash, 3 concurrency zset,
 #       4..3+L every lane stream (depth), then one hash per rate limit,
+#       then the budgets hash, the subject's day and month spend counters (usage.py),
 #       then, for a request with an Idempotency-Key, its key (keys.idempotency).
 # ARGV: 1 the target lane's depth cap (QueueSettings.depth_cap; all lanes counted), 2 L,
 #       3 request id, 4 job json, 5 job ttl s, 6 subject, 7 mode, 8 concurrency cap (0 = none), 9 concurrency lease ms,
 #       10 number of limits N, then N x (limit, cost, window ms); limit 0 = none;
+#       then the tier, the request's estimated tokens, the day and month counters' ttl s;
 #       then the idempotency record to store (with the key above).
 # Returns {1, depth, remaining_1, reset_ms_1, ...}            admitted
 #         {2, which, retry_after_ms, remaining_1, reset_ms_1, ...}  rate limited
@@ -51,12 +54,16 @@ end
 #         {3, depth}                                            queue full
 #         {4}                                   already queued (a retried call)
 #         {5, record}     the Idempotency-Key already stands for a request
+#         {6, period, scope, budget, spent}     over a token budget
+#                   (period 'daily'|'monthly', scope 'sub'|'tier', spent = used + held)
 ADMIT = (
     _NOW
     + """
 local now = now_ms()
+local b = 3 + tonumber(ARGV[2]) + tonumber(ARGV[10])  -- KEYS[b + 1]: the budgets hash
+local a = 10 + 3 * tonumber(ARGV[10])                 -- ARGV[a + 1]: the tier
 -- A key already used: the earlier request's record, before any limit is charged.
-local idem = KEYS[4 + tonumber(ARGV[2]) + tonumber(ARGV[10])]
+local idem = KEYS[b + 4]
 if idem then
   local record = redis.call('GET', idem)
   if record then return {5, record} end
@@ -70,6 +77,23 @@ for i = 1, lanes do
 end
 if depth >= tonumber(ARGV[1]) then
   return {3, depth}
+end
+
+-- Token budgets: the subject's own for a period, else its tier's; 0 or none = no budget.
+local cost = tonumber(ARGV[a + 2])
+local set = redis.call('HMGET', KEYS[b + 1], 'daily:sub:' .. ARGV[6], 'monthly:sub:' .. ARGV[6],
+  'daily:tier:' .. ARGV[a + 1], 'monthly:tier:' .. ARGV[a + 1])
+local budgeted = false
+local periods = {'daily', 'monthly'}
+for j = 1, 2 do
+  local budget, scope = tonumber(set[j]), 'sub'
+  if not budget then budget, scope = tonumber(set[j + 2]), 'tier' end
+  if budget and budget > 0 then
+    budgeted = true
+    local v = redis.call('HMGET', KEYS[b + 1 + j], 'used', 'held')
+    local spent = (tonumber(v[1]) or 0) + math.max(tonumber(v[2]) or 0, 0)
+    if spent + cost > budget then return {6, periods[j], scope, budget, spent} end
+  end
 end
 
 local n = tonumber(ARGV[10])
@@ -135,11 +159,19 @@ if tonumber(ARGV[8]) > 0 then
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[9]))
 end
 redis.call('HSET', KEYS[2], 'sub', ARGV[6], 'state', 'queued', 'attempts', 0, 'mode', ARGV[7], 'created', now)
+if budgeted and cost > 0 then
+  -- Held until the answer: concurrent requests cannot all pass the same remainder. DELIVER releases it.
+  redis.call('HSET', KEYS[2], 'held', cost)
+  for j = 1, 2 do
+    redis.call('HINCRBY', KEYS[b + 1 + j], 'held', cost)
+    redis.call('EXPIRE', KEYS[b + 1 + j], tonumber(ARGV[a + 2 + j]))
+  end
+end
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[5]))
 redis.call('XADD', KEYS[1], '*', 'id', ARGV[3], 'job', ARGV[4])
 if idem then
   -- Kept as long as the answer is (the job's ttl): a retry within it finds the answer.
-  redis.call('SET', idem, ARGV[11 + 3 * tonumber(ARGV[10])], 'EX', tonumber(ARGV[5]))
+  redis.call('SET', idem, ARGV[a + 5], 'EX', tonumber(ARGV[5]))
 end
 local out = {1, depth + 1}
 for _, x in ipairs(report) do table.insert(out, x) end
@@ -239,15 +271,36 @@ return seq
 """
 
 # The part DELIVER and DEAD_LETTER share.
-# KEYS: 1 result, 2 job hash, 3 reply stream, 4 lane stream, 5 concurrency zset, 6 partial text.
+# KEYS: 1 result, 2 job hash, 3 reply stream, 4 lane stream, 5 concurrency zset, 6 partial text,
+#       7 usage record, 8 the day's usage index, 9 day spend, 10 month spend (usage.py).
 # ARGV: 1 result json, 2 retention s, 3 group, 4 entry id, 5 request id,
 #       6 attempt, 7 fenced ('1': only the owner may deliver), 8 reply maxlen,
-#       9 status, 10 has reply ('1'/'0').
+#       9 status, 10 has reply ('1'/'0'),
+#       11 record usage ('1'/'0'), 12 index member, 13 prompt tokens, 14 completion tokens,
+#       15 usage ttl s, 16 day spend ttl s, 17 month spend ttl s.
 _DELIVER = """
+local function record()
+  local prompt, completion = tonumber(ARGV[13]), tonumber(ARGV[14])
+  redis.call('HINCRBY', KEYS[7], 'requests', 1)
+  redis.call('HINCRBY', KEYS[7], 'errors', ARGV[9] == '200' and 0 or 1)
+  redis.call('HINCRBY', KEYS[7], 'prompt_tokens', prompt)
+  redis.call('HINCRBY', KEYS[7], 'completion_tokens', completion)
+  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[15]))
+  redis.call('SADD', KEYS[8], ARGV[12])
+  redis.call('EXPIRE', KEYS[8], tonumber(ARGV[15]))
+  local held = tonumber(redis.call('HGET', KEYS[2], 'held') or '0')
+  for j = 9, 10 do
+    redis.call('HINCRBY', KEYS[j], 'used', prompt + completion)
+    if held > 0 then redis.call('HINCRBY', KEYS[j], 'held', -held) end
+    redis.call('EXPIRE', KEYS[j], tonumber(ARGV[7 + j]))
+  end
+end
+
 local function deliver()
   if ARGV[7] == '1' and redis.call('HGET', KEYS[2], 'owner') ~= ARGV[6] then return -1 end
   local first = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2]))
   if first then
+    if ARGV[11] == '1' then record() end
     redis.call('HSET', KEYS[2], 'state', 'done', 'status', ARGV[9])
     redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
     if ARGV[10] == '1' then
@@ -267,14 +320,14 @@ end
 # Returns 1 (this result is the answer), 0 (an earlier result was), -1 (fenced off).
 DELIVER = _DELIVER + "\nreturn deliver()\n"
 
-# KEYS: as DELIVER, then 7 dead-letter stream.
-# ARGV: as DELIVER, then 11 reason, 12 attempts, 13 job json, 14 dead-letter maxlen, 15 lane.
+# KEYS: as DELIVER, then 11 dead-letter stream.
+# ARGV: as DELIVER, then 18 reason, 19 attempts, 20 job json, 21 dead-letter maxlen, 22 lane.
 DEAD_LETTER = (
     _DELIVER
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[14], '*', 'id', ARGV[5], 'reason', ARGV[11],
-    'attempts', ARGV[12], 'lane', ARGV[15], 'entry', ARGV[4], 'job', ARGV[13])
+  redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[21], '*', 'id', ARGV[5], 'reason', ARGV[18],
+    'attempts', ARGV[19], 'lane', ARGV[22], 'entry', ARGV[4], 'job', ARGV[20])
 end
 return deliver()
 """

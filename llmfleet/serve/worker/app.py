@@ -405,9 +405,10 @@ class Worker:
             result = Result(
                 502, error_body(message, "engine_error", "dead_letter"), attempt=start.attempt, worker=self.id
             )
-            await self._with_redis(
+            outcome = await self._with_redis(
                 job, lambda: self.consumer.dead_letter(entry, job, start.reason, start.attempt - 1, result)
             )
+            self._recorded(job, result, outcome)
             return
         if start.outcome == "cancelled" or record.stop_reason == "client":
             log.info("request %s: the client went away before it started; not running it", job.id)
@@ -466,7 +467,10 @@ class Worker:
             self.metrics.dead_letters.inc()
             reason = str(result.body["error"].get("message", "poison"))
             log.error("request %s: dead-lettered as poison: %s", job.id, reason)
-            await self._with_redis(job, lambda: self.consumer.dead_letter(entry, job, reason, attempt, result))
+            outcome = await self._with_redis(
+                job, lambda: self.consumer.dead_letter(entry, job, reason, attempt, result)
+            )
+            self._recorded(job, result, outcome)
             return
         outcome = await self._deliver(entry, job, attempt, result)
         if cancelled:
@@ -487,7 +491,13 @@ class Worker:
         self.metrics.results.labels(OUTCOMES.get(outcome, "unknown")).inc()
         if outcome == 0:
             log.info("request %s: attempt %d finished after an earlier result; discarded", job.id, attempt)
+        self._recorded(job, result, outcome)
         return outcome
+
+    def _recorded(self, job: Job, result: Result, outcome: int) -> None:
+        """Count what DELIVER recorded in the usage records (only the first result of a request is)."""
+        if outcome == 1:
+            self.metrics.usage_requests.labels(job.model, "answered" if result.ok else "error").inc()
 
     # -- http -----------------------------------------------------------------
 

@@ -44,6 +44,13 @@ class WorkerMetrics(MetricSet):
         self.end_to_end = self.histogram(
             "llmfleet_request_seconds", "Time from admission to the delivered answer", ["model", "lane"]
         )
+        # The per-model totals of the usage records (llmfleet/serve/queue/usage.py); the records themselves,
+        # per subject and day, stay in Redis: no subject label here.
+        self.usage_requests = self.counter(
+            "llmfleet_usage_requests",
+            "Requests answered (first result stored), by model and outcome (answered: 200, error: any other status)",
+            ["model", "outcome"],
+        )
         self.prompt_tokens = self.counter("llmfleet_prompt_tokens", "Prompt tokens of answered requests", ["model"])
         self.completion_tokens = self.counter(
             "llmfleet_completion_tokens", "Generated tokens of answered requests", ["model"]

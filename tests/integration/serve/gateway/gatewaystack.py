@@ -80,7 +80,11 @@ def service_acl(service: str, password: str) -> str:
     """
     rules = yaml.safe_load((REPO_ROOT / "roles" / "redis" / "vars" / "main.yml").read_text())
     grants = rules["__redis_acl_services"][service]
-    keys = " ".join(f"~{PREFIX}:{key}" for key in grants["keys"])
+    keys = " ".join(
+        [f"~{PREFIX}:{key}" for key in grants["keys"]]
+        + [f"%R~{PREFIX}:{key}" for key in grants.get("read_keys", [])]
+        + [f"%W~{PREFIX}:{key}" for key in grants.get("write_keys", [])]
+    )
     channels = " ".join(f"&{PREFIX}:{channel}" for channel in grants["channels"])
     commands = " ".join(f"+{command}" for command in rules["__redis_acl_connection_commands"] + grants["commands"])
     return f"user {service} on >{password} resetkeys {keys} resetchannels {channels} -@all {commands}"

@@ -38,3 +38,39 @@ def test_headers_and_refusals() -> None:
     assert refusal.status == 429 and refusal.headers["Retry-After"] == "3" and refusal.code == "tokens_limit_exceeded"
     concurrency = ratelimit.refusal(Admission("rate_limited", retry_after_ms=1000), tier)
     assert concurrency.code == "concurrency_limit_exceeded" and "in flight" in concurrency.message
+
+
+def test_a_budget_refusal_is_a_429_until_the_reset_in_either_shape() -> None:
+    import asyncio
+    import json
+    from datetime import UTC, datetime
+
+    from starlette.requests import Request
+
+    from llmfleet.serve.gateway.errors import api_error_handler
+    from llmfleet.serve.queue.usage import BudgetRefusal
+
+    now_ms = int(datetime(2026, 12, 4, 18, 0, tzinfo=UTC).timestamp() * 1000)
+    error = ratelimit.budget_refusal(BudgetRefusal("monthly", "sub", "alice", 5000, 4990, 40), now_ms)
+    assert error.status == 429 and error.code == "monthly_budget_exceeded" and error.kind == "rate_limit_error"
+    assert "monthly token budget of subject 'alice'" in error.message
+    assert "resets at 2027-01-01T00:00:00Z" in error.message
+    assert error.headers["Retry-After"] == str(27 * 86400 + 6 * 3600)
+
+    def answered(path: str) -> dict[str, object]:
+        request = Request({"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""})
+        response = asyncio.run(api_error_handler(request, error))
+        assert response.status_code == 429 and response.headers["retry-after"] == error.headers["Retry-After"]
+        body: dict[str, object] = json.loads(bytes(response.body))
+        return body
+
+    openai = answered("/v1/chat/completions")
+    assert openai["error"] == {
+        "message": error.message,
+        "type": "rate_limit_error",
+        "code": "monthly_budget_exceeded",
+        "param": None,
+    }
+    # Anthropic's shape on its route, with its rate-limit type: its SDK raises RateLimitError.
+    anthropic = answered("/v1/messages")
+    assert anthropic == {"type": "error", "error": {"type": "rate_limit_error", "message": error.message}}
