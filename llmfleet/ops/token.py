@@ -22,7 +22,6 @@ LLMFLEET_QUEUE_PREFIX.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import sys
 import time
@@ -32,7 +31,9 @@ from typing import TYPE_CHECKING
 from llmfleet.errors import LlmfleetError
 
 if TYPE_CHECKING:  # imported when revoking, not for every `llmfleet` command
-    from llmfleet.serve.queue.config import QueueSettings, RedisSettings
+    from redis.asyncio import Redis
+
+    from llmfleet.serve.queue.keys import Keys
 
 TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_TTL_S = 366 * 86400
@@ -98,27 +99,9 @@ def _read_token(path: Path) -> str:
         raise LlmfleetError(f"--token-file: cannot read {path}: {error.strerror or type(error).__name__}") from None
 
 
-async def _write_revocation(settings: tuple[RedisSettings, QueueSettings], token_id: str, ttl_s: int) -> int:
-    from redis.exceptions import RedisError
-
-    from llmfleet.serve.gateway.auth import revoked_key
-    from llmfleet.serve.queue.keys import Keys
-
-    redis_settings, queue = settings
-    client = redis_settings.client(name="llmfleet-token-revoke")
-    try:
-        await client.set(revoked_key(Keys(queue.prefix), token_id), "1", ex=ttl_s)
-    except RedisError as error:
-        print(f"llmfleet token revoke: Redis at {redis_settings.url}: {error}", file=sys.stderr)
-        return 1
-    finally:
-        await client.aclose()
-    print(f"revoked jti {token_id} for {ttl_s} s")
-    return 0
-
-
 def revoke(args: argparse.Namespace) -> int:
-    from llmfleet.serve.queue.config import QueueSettings, RedisSettings, start_service
+    from llmfleet.serve.gateway.auth import revoked_key
+    from llmfleet.serve.queue.config import run_against_redis
 
     now = time.time()
     token_id, ttl_s = to_revoke(args, now)
@@ -128,16 +111,12 @@ def revoke(args: argparse.Namespace) -> int:
         print(f"jti {token_id}: the token has expired; nothing to revoke")
         return 0
 
-    def load() -> tuple[RedisSettings, QueueSettings]:
-        redis_settings = RedisSettings()
-        redis_settings.password()
-        return redis_settings, QueueSettings()
+    async def write(client: Redis, keys: Keys) -> int:
+        await client.set(revoked_key(keys, token_id), "1", ex=ttl_s)
+        print(f"revoked jti {token_id} for {ttl_s} s")
+        return 0
 
-    return start_service(
-        "llmfleet token revoke",
-        load,
-        lambda settings: asyncio.run(_write_revocation(settings, token_id, ttl_s)),
-    )
+    return run_against_redis("llmfleet token revoke", "llmfleet-token-revoke", write)
 
 
 def run(args: argparse.Namespace) -> int:

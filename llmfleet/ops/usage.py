@@ -17,7 +17,6 @@ applies to the next request: nothing restarts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys
@@ -40,7 +39,6 @@ from llmfleet.serve.queue.usage import (
 if TYPE_CHECKING:  # imported when Redis is asked, not for every `llmfleet` command
     import redis.asyncio as aioredis
 
-    from llmfleet.serve.queue.config import QueueSettings, RedisSettings
     from llmfleet.serve.queue.keys import Keys
 
 # A report reads one index set per day: ten years at most (the longest retention QueueSettings allows).
@@ -170,35 +168,10 @@ def _owner(args: argparse.Namespace) -> tuple[str, str]:
     return ("tier", args.tier) if args.tier is not None else ("sub", args.sub)
 
 
-def _settings() -> tuple[RedisSettings, QueueSettings]:
-    from llmfleet.serve.queue.config import QueueSettings, RedisSettings
-
-    redis_settings = RedisSettings()
-    redis_settings.password()
-    return redis_settings, QueueSettings()
-
-
 def _with_redis(program: str, work: Any) -> int:
-    """Load the Redis settings as the services do and run work(client, keys); a Redis error exits 1."""
-    from llmfleet.serve.queue.config import start_service
+    from llmfleet.serve.queue.config import run_against_redis
 
-    async def run(settings: tuple[RedisSettings, QueueSettings]) -> int:
-        from redis.exceptions import RedisError
-
-        from llmfleet.serve.queue.keys import Keys
-
-        redis_settings, queue = settings
-        client = redis_settings.client(name="llmfleet-usage")
-        try:
-            code: int = await work(client, Keys(queue.prefix))
-            return code
-        except RedisError as error:
-            print(f"{program}: Redis at {redis_settings.url}: {error}", file=sys.stderr)
-            return 1
-        finally:
-            await client.aclose()
-
-    return start_service(program, _settings, lambda settings: asyncio.run(run(settings)))
+    return run_against_redis(program, "llmfleet-usage", work)
 
 
 def report(args: argparse.Namespace) -> int:

@@ -9,12 +9,13 @@ deployment fails loudly instead of running with a guessable secret.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
 from urllib.parse import urlsplit
@@ -24,11 +25,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.serve.queue.keys import Keys
 from llmfleet.serve.queue.lanes import depth_caps
 
 T = TypeVar("T")
@@ -116,6 +118,31 @@ def start_service(program: str, load: Callable[[], T], run: Callable[[T], int]) 
         print(f"{program}: {error}", file=sys.stderr)
         return error.exit_code
     return run(loaded)
+
+
+def run_against_redis(
+    program: str, client_name: str, work: Callable[[aioredis.Redis, Keys], Awaitable[int]]
+) -> int:
+    """A one-shot command against the queue's Redis: settings loaded as the services load them
+    (start_service), then work(client, keys); a Redis error is one line on stderr and exit 1."""
+
+    def load() -> tuple[RedisSettings, QueueSettings]:
+        redis_settings = RedisSettings()
+        redis_settings.password()  # a missing or unreadable password file fails here, as a bad setting
+        return redis_settings, QueueSettings()
+
+    async def run(settings: tuple[RedisSettings, QueueSettings]) -> int:
+        redis_settings, queue = settings
+        client = redis_settings.client(name=client_name)
+        try:
+            return await work(client, Keys(queue.prefix))
+        except RedisError as error:
+            print(f"{program}: Redis at {redis_settings.url}: {error}", file=sys.stderr)
+            return 1
+        finally:
+            await client.aclose()
+
+    return start_service(program, load, lambda settings: asyncio.run(run(settings)))
 
 
 def log_level() -> str:
