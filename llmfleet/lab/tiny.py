@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from llmfleet.errors import LlmfleetError
 
@@ -115,6 +115,12 @@ CHAT_TEMPLATE = """\
 {%- endif -%}
 """
 
+# How Qwen2's tokenizer splits text before byte-level BPE: digits one by one,
+# a word with at most one leading non-letter, punctuation runs, whitespace.
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # The tokenizer's training text. Enough distinct words to fill VOCAB_SIZE
 # with merges; changing it changes every tiny model's bytes.
 CORPUS = (
@@ -150,9 +156,22 @@ class TinyModel:
 
 
 def train_tokenizer() -> Tokenizer:
-    """Train the byte-level BPE tokenizer on CORPUS (deterministic)."""
+    """Train the byte-level BPE tokenizer on CORPUS (deterministic), in Qwen2's pipeline.
+
+    transformers 5 loads a model_type qwen2 tokenizer as Qwen2Tokenizer, which
+    keeps tokenizer.json's vocabulary and merges but applies its own NFC
+    normalizer and split pattern; the gateway reads tokenizer.json as it is.
+    Training with that same pipeline keeps the two counts equal (GPT-2's plain
+    byte-level split had made " 6" one piece here and two in the engine).
+    """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -316,8 +335,7 @@ def tiny_model_files(seed: int) -> dict[str, bytes]:
         for token in SPECIAL_TOKENS
     }
     tokenizer_config = {
-        # The generic fast tokenizer reads tokenizer.json as it is.
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": added_tokens,
         "additional_special_tokens": [IM_START, IM_END],
         "bos_token": None,
@@ -335,7 +353,7 @@ def tiny_model_files(seed: int) -> dict[str, bytes]:
         "pad_token_id": special_ids[ENDOFTEXT],
         "do_sample": False,
     }
-    marker = {"generator": "llmfleet model make-tiny", "seed": seed, "format": 1}
+    marker = {"generator": "llmfleet model make-tiny", "seed": seed, "format": 2}
     return {
         CONFIG: _json_bytes(config),
         GENERATION_CONFIG: _json_bytes(generation_config),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from tokenizers import Tokenizer
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.lab import vllm_cpu
@@ -74,6 +75,31 @@ def test_completion_generates_tokens(http: requests.Session, vllm_server: VllmSe
     choices = body["choices"]
     assert isinstance(choices, list) and choices
     assert isinstance(choices[0]["text"], str)
+
+
+# Text where byte-level BPE pipelines part ways: digits (Qwen2 splits them one
+# by one), a decomposed accent (NFC), the replacement character a detokenized
+# partial byte sequence leaves in an answer, and a special token.
+TOKENIZER_EDGE_TEXTS = (
+    "ough you\ufffde 6",
+    "Order 66 shipped 12 items at 2048 tokens each",
+    "cafe\u0301 na\u00efve r\u00e9sum\u00e9",
+    "unseen w\u00f6rds: \u65e5\u672c\u8a9e \U0001f642, it's I'LL",
+    "  spaces\tand\nnewlines ",
+    "<|im_start|>user\nhi 42<|im_end|>\n",
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("text", TOKENIZER_EDGE_TEXTS)
+def test_the_engine_counts_a_prompt_as_the_gateway_does(
+    http: requests.Session, vllm_server: VllmServer, text: str
+) -> None:
+    # The gateway counts with tokenizer.json as it is (tokenizers); the engine with
+    # the tokenizer class transformers builds for the model. They must agree.
+    gateway = Tokenizer.from_file(str(vllm_server.model_dir / "tokenizer.json"))
+    engine = _post(http, vllm_server, "/tokenize", {"model": "tiny", "prompt": text, "add_special_tokens": False})
+    assert engine["tokens"] == gateway.encode(text, add_special_tokens=False).ids
 
 
 @pytest.mark.vllm

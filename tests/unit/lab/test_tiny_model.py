@@ -236,3 +236,14 @@ def test_cli_make_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_cli_model_needs_a_subcommand() -> None:
     with pytest.raises(SystemExit):
         _model_parser().parse_args(["model"])
+
+
+def test_tokenizer_splits_as_qwen2s_does(model_dir: Path) -> None:
+    # transformers builds a qwen2 model's tokenizer with NFC and one token per digit;
+    # tokenizer.json must do the same, since the gateway counts with it as it is.
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    digits = tokenizer.encode(" 2048", add_special_tokens=False).tokens
+    assert [token.lstrip("\u0120") for token in digits] == ["", "2", "0", "4", "8"]
+    assert tokenizer.encode("cafe\u0301").ids == tokenizer.encode("caf\u00e9").ids
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "Qwen2Tokenizer"

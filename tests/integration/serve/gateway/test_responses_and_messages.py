@@ -225,7 +225,8 @@ def test_a_system_prompt_is_part_of_the_prompt(claude: Anthropic) -> None:
 
 
 def test_a_multi_turn_conversation_replays_what_the_sdk_returned(claude: Anthropic) -> None:
-    conversation: list[Any] = [{"role": "user", "content": "Hello!"}]
+    # Digits and a decomposed accent: where a tokenizer that differs from the engine's would miscount.
+    conversation: list[Any] = [{"role": "user", "content": "Hello! Order 66 shipped 12 items to the cafe\u0301."}]
     first = claude.messages.create(model="tiny", max_tokens=6, messages=conversation)
     conversation.append({"role": "assistant", "content": first.content})  # the SDK's own block objects
     conversation.append({"role": "user", "content": [{"type": "text", "text": "And then?"}]})
