@@ -68,6 +68,29 @@ def deb_upstream_version(version: str) -> str:
     return _split(version)[1]
 
 
+def _runc_is_fixed(version: str, release: str, min_version: str, backports: Mapping[str, Mapping[str, str]]) -> bool:
+    """A runc build at or above min_version upstream, or at or above its release's backported fix."""
+    if deb_version_compare(deb_upstream_version(version), min_version) >= 0:
+        return True
+    fixed = (backports.get(min_version) or {}).get(release)
+    return fixed is not None and deb_version_compare(version, fixed) >= 0
+
+
+def _runc_escape_text(what: str, min_version: str, backports: Mapping[str, Mapping[str, str]]) -> str:
+    builds = ", ".join(f"{name} {build}" for name, build in sorted((backports.get(min_version) or {}).items()))
+    return (
+        f"{what}, which is open to CVE-2024-21626 and any other escape fixed by runc {min_version} (runc before "
+        "1.1.12 leaks a host directory's file descriptor into the container: a process in it can reach the host's "
+        f"filesystem and escape). Pin a runc that carries the fix: upstream {min_version} or later, or a "
+        f"distribution build known to have it backported{' (' + builds + ', or later)' if builds else ''}"
+    )
+
+
+def _check_backports(backports: Any) -> None:
+    if not isinstance(backports, Mapping):
+        raise AnsibleFilterError(f"the runc checks expect a mapping of backports, got {backports!r}")
+
+
 def docker_runc_problem(
     packages: Sequence[Mapping[str, Any]],
     release: str,
@@ -82,31 +105,61 @@ def docker_runc_problem(
     backports: upstream version -> release -> the first build of that release's runc that carries that
       version's fix backported into an older upstream version (Debian's 1.1.5+ds1-1+deb12u1). A build at
       or above it is fixed; so is any build whose upstream part is at least min_version.
-    Without a runc pin (Docker CE's containerd.io bundles its own) there is nothing to check here.
+    Without a runc pin (Docker CE's containerd.io bundles its own) there is nothing to check here:
+    installed_runc_problem checks what was installed, whichever package brought it.
     """
     if not isinstance(packages, Sequence) or isinstance(packages, str):
         raise AnsibleFilterError(f"docker_runc_problem expects docker_packages (a list), got {packages!r}")
-    if not isinstance(backports, Mapping):
-        raise AnsibleFilterError(f"docker_runc_problem expects a mapping of backports, got {backports!r}")
+    _check_backports(backports)
     _split(min_version)
     pins = [package for package in packages if isinstance(package, Mapping) and package.get("name") == "runc"]
     if not pins:
         return ""
     version = str(pins[0].get("version", ""))
-    if deb_version_compare(deb_upstream_version(version), min_version) >= 0:
+    if _runc_is_fixed(version, release, min_version, backports):
         return ""
-    fixed = (backports.get(min_version) or {}).get(release)
-    if fixed is not None and deb_version_compare(version, fixed) >= 0:
-        return ""
-    builds = ", ".join(f"{name} {build}" for name, build in sorted((backports.get(min_version) or {}).items()))
     return (
-        f"docker_packages pins runc {version}, which is open to CVE-2024-21626 and any other escape fixed by "
-        f"runc {min_version} (runc before 1.1.12 leaks a host directory's file descriptor into the container: "
-        f"a process in it can reach the host's filesystem and escape). Pin a runc that carries the fix: upstream "
-        f"{min_version} or later, or a distribution build known to have it backported"
-        f"{' (' + builds + ', or later)' if builds else ''}. `apt-cache policy runc` on the host lists what its "
-        "sources offer; the role's default (roles/docker/vars/<release>.yml) pins a fixed one for each supported "
-        "release. Pin containerd and docker.io of the same set with it."
+        _runc_escape_text(f"docker_packages pins runc {version}", min_version, backports)
+        + ". `apt-cache policy runc` on the host lists what its sources offer; the role's default"
+        " (roles/docker/vars/<release>.yml) pins a fixed one for each supported release."
+        " Pin containerd and docker.io of the same set with it."
+    )
+
+
+_RUNC_VERSION_LINE = re.compile(r"^runc version (\S+)", re.MULTILINE)
+
+
+def installed_runc_problem(
+    version_output: str,
+    package_version: str,
+    release: str,
+    min_version: str,
+    backports: Mapping[str, Mapping[str, str]],
+) -> str:
+    """Why the runc installed on the host is open to the escape min_version fixes; empty when it is not.
+
+    version_output: what `runc --version` printed (the binary dockerd runs, from any package).
+    package_version: the installed version of the distribution's runc package, or '' when the binary came
+      from elsewhere (Docker CE's containerd.io bundles its own runc). A distribution build is judged by
+      its package version, which names a backported fix; any other by the upstream version it reports.
+    """
+    _check_backports(backports)
+    _split(min_version)
+    if package_version:
+        if _runc_is_fixed(package_version, release, min_version, backports):
+            return ""
+        return _runc_escape_text(f"the host runs runc {package_version} (package runc)", min_version, backports) + (
+            ". Set docker_packages to a fixed set (roles/docker/vars/<release>.yml has one) and run the role again."
+        )
+    match = _RUNC_VERSION_LINE.search(version_output or "")
+    if match is None:
+        raise AnsibleFilterError(f"`runc --version` printed no 'runc version' line: {version_output!r}")
+    reported = match.group(1)
+    if deb_version_compare(deb_upstream_version(reported), min_version) >= 0:
+        return ""
+    return _runc_escape_text(f"the host runs runc {reported} (not the distribution's package)", min_version, {}) + (
+        ". Docker CE's containerd.io bundles runc: pin a containerd.io whose runc carries the fix"
+        " (`runc --version` after the install tells)."
     )
 
 
@@ -118,4 +171,5 @@ class FilterModule:
             "deb_version_compare": deb_version_compare,
             "deb_upstream_version": deb_upstream_version,
             "docker_runc_problem": docker_runc_problem,
+            "installed_runc_problem": installed_runc_problem,
         }

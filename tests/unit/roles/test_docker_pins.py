@@ -176,3 +176,41 @@ def test_the_preflight_refuses_a_vulnerable_runc_before_installing() -> None:
     refusal = names.index("preflight | Refuse a runc open to CVE-2024-21626")
     assert refusal > names.index("preflight | Load the release's engine pins")
     assert "docker_runc_problem" in str(tasks[refusal]["vars"]) and "docker_runc_min_version" in str(tasks[refusal])
+
+
+# What `runc --version` prints: containerd.io's build (upstream numbers) and Debian's.
+CE_RUNC_1_1_12 = "runc version 1.1.12\ncommit: v1.1.12-0-g51d5e94\nspec: 1.0.2-dev\ngo: go1.20.13\nlibseccomp: 2.5.4\n"
+CE_RUNC_1_1_9 = "runc version 1.1.9\ncommit: v1.1.9-0-gccaecfc\nspec: 1.0.2-dev\n"
+DEBIAN_RUNC = "runc version 1.1.5+ds1\nspec: 1.0.2-dev\ngo: go1.19.8\nlibseccomp: 2.5.4\n"
+
+
+@pytest.mark.parametrize(
+    ("output", "package", "fixed"),
+    [
+        # Docker CE: no runc package, judged by the binary's upstream version.
+        (CE_RUNC_1_1_12, "", True),
+        (CE_RUNC_1_1_9, "", False),
+        # A distribution's runc: judged by its package version, which names the backport.
+        (DEBIAN_RUNC, "1.1.5+ds1-1+deb12u1", True),
+        (DEBIAN_RUNC, "1.1.5+ds1-1", False),
+    ],
+)
+def test_the_installed_runc_is_judged_whichever_package_brought_it(output: str, package: str, fixed: bool) -> None:
+    problem = packages.installed_runc_problem(output, package, "Debian-12", RUNC_MIN, BACKPORTS)
+    assert (problem == "") is fixed, problem
+    if not fixed:
+        assert "CVE-2024-21626" in problem and "the host runs runc" in problem, problem
+        assert ("containerd.io" in problem) is (package == ""), problem
+
+
+def test_a_runc_that_prints_no_version_is_an_error() -> None:
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="no 'runc version' line"):
+        packages.installed_runc_problem("runc: command not found", "", "Debian-12", RUNC_MIN, BACKPORTS)
+
+
+def test_the_verify_checks_the_runc_the_engine_runs() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "verify.yml").read_text())
+    check = next(task for task in tasks if "CVE-2024-21626" in task["name"])
+    assert "installed_runc_problem" in str(check["vars"]) and "docker_runc_min_version" in str(check["vars"])
