@@ -68,6 +68,17 @@ def deb_upstream_version(version: str) -> str:
     return _split(version)[1]
 
 
+def deb_version_max(versions: Sequence[str]) -> str:
+    """The highest of versions as dpkg orders them ('' for none): a kernel's 6.1.0-101-amd64 above 6.1.0-26-amd64."""
+    if not isinstance(versions, Sequence) or isinstance(versions, str):
+        raise AnsibleFilterError(f"deb_version_max expects a list of versions, got {versions!r}")
+    highest = ""
+    for version in versions:
+        if not highest or deb_version_compare(version, highest) > 0:
+            highest = version
+    return highest
+
+
 def _runc_is_fixed(version: str, release: str, min_version: str, backports: Mapping[str, Mapping[str, str]]) -> bool:
     """A runc build at or above min_version upstream, or at or above its release's backported fix."""
     if deb_version_compare(deb_upstream_version(version), min_version) >= 0:
@@ -170,6 +181,7 @@ class FilterModule:
         return {
             "deb_version_compare": deb_version_compare,
             "deb_upstream_version": deb_upstream_version,
+            "deb_version_max": deb_version_max,
             "docker_runc_problem": docker_runc_problem,
             "installed_runc_problem": installed_runc_problem,
         }

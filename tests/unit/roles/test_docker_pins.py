@@ -214,3 +214,9 @@ def test_the_verify_checks_the_runc_the_engine_runs() -> None:
     tasks = yaml.safe_load((ROLE / "tasks" / "verify.yml").read_text())
     check = next(task for task in tasks if "CVE-2024-21626" in task["name"])
     assert "installed_runc_problem" in str(check["vars"]) and "docker_runc_min_version" in str(check["vars"])
+
+
+def test_the_highest_version_is_dpkg_s() -> None:
+    kernels = ["6.1.0-26-amd64", "6.1.0-101-amd64", "6.1.0-9-amd64"]
+    assert packages.deb_version_max(kernels) == "6.1.0-101-amd64"
+    assert packages.deb_version_max([]) == ""

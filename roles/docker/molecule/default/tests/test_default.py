@@ -173,3 +173,11 @@ def test_the_config_check_accepts_the_file_and_refuses_a_bad_one(host):
     host.check_output("rm -f /root/bad-daemon.json")
     assert refused.rc == 1
     assert "specified default runtime 'nvidia' does not exist" in refused.stderr
+
+
+def test_dockerd_gets_the_proxy_from_a_root_only_drop_in(host, info):
+    dropin = host.file("/etc/systemd/system/docker.service.d/llmfleet-proxy.conf")
+    assert (dropin.user, dropin.group, dropin.mode) == ("root", "root", 0o600)
+    assert 'Environment="NO_PROXY=localhost,127.0.0.1"' in dropin.content_string
+    assert info["HttpProxy"].endswith("@127.0.0.1:3128") and "s3cret" not in info["HttpProxy"]
+    assert info["NoProxy"] == "localhost,127.0.0.1"
