@@ -166,7 +166,7 @@ def installed_runc_problem(
     if match is None:
         raise AnsibleFilterError(f"`runc --version` printed no 'runc version' line: {version_output!r}")
     reported = match.group(1)
-    if deb_version_compare(deb_upstream_version(reported), min_version) >= 0:
+    if _runc_is_fixed(reported, release, min_version, {}):  # no backport table: not a distribution build
         return ""
     return _runc_escape_text(f"the host runs runc {reported} (not the distribution's package)", min_version, {}) + (
         ". Docker CE's containerd.io bundles runc: pin a containerd.io whose runc carries the fix"
