@@ -160,14 +160,18 @@ done
 for stage in lint_yaml lint_ansible lint_python syntax_check unit; do
   if wanted "$stage"; then run_stage "$stage"; fi
 done
+# The lab is the longest stage and about a third of it waits (engines starting,
+# alerts' `for:`, one host at a time): it starts as soon as both prepare parts
+# are done, beside Molecule, which starts once its own part is; the integration
+# tests follow Molecule. None of them meet: the lab's hosts live on their own
+# network (10.78.0.0/24), the Molecule scenarios in their own containers, the
+# integration tests on loopback ports each picks free, and every cached build
+# takes a lock. Measured in docs/testing.md ("How a run is laid out").
 wait_stage prepare
-if wanted molecule_roles; then run_stage molecule_roles; fi
+if wanted molecule_roles; then start_stage molecule_roles; fi
 wait_stage prepare_engines
-# The lab (about 70% of two cores, much of it Ansible and waits) and the integration tests (about a third:
-# one engine, Redis and waits) share the machine: side by side they end about when the lab alone would. They
-# meet nowhere: the lab's hosts live on their own network (10.78.0.0/24), the integration tests on loopback
-# ports each picks free, and every cached build takes a lock.
 if wanted lab; then start_stage lab; fi
+wait_stage molecule_roles
 if wanted integration; then run_stage integration; fi
 wait_stage lab
 
@@ -190,7 +194,7 @@ total=$(($(date +%s) - run_started))
 
 echo
 echo "=== llmfleet test summary (logs: $log_dir/; budgets and measured runs: docs/testing.md)"
-echo "the prepare parts run beside lint, unit and molecule_roles, integration beside lab: stage times overlap"
+echo "the prepare parts run beside lint and unit, molecule_roles then integration beside lab: stage times overlap"
 printf '%s\n' "${summary[@]}"
 if ((total > total_budget_s)); then
   echo "WARNING: the run took ${total}s, over ${total_budget_s}s (45 minutes, half of CI's limit)"
