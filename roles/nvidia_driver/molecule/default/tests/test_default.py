@@ -168,3 +168,22 @@ def test_every_gpu_is_in_persistence_mode(host):
     result = host.run("nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader")
     assert result.rc == 0
     assert result.stdout.splitlines() == ["0, Enabled", "1, Enabled"]
+
+
+def test_the_drivers_library_is_at_the_drivers_version_and_held(host):
+    # nvidia-smi depends on libnvidia-ml1 (= its version): without the set's
+    # pin, the newer library would be apt's candidate and the install would stop.
+    installed = host.check_output("dpkg-query -W -f='${Version} ${Status}' libnvidia-ml1")
+    assert installed == "535.261.03-1 hold ok installed"
+    policy = host.check_output("apt-cache policy libnvidia-ml1")
+    assert NEWER in policy, "the repository must offer a newer library, or this test proves nothing"
+    assert "Candidate: 535.261.03-1" in policy
+
+
+def test_pin_file_pins_the_drivers_whole_set(host):
+    content = host.file(PIN_FILE).content_string
+    assert "Package: /nvidia|^libcuda[0-9]|^libnvcuvid[0-9]|^libnvoptix[0-9]/\nPin: version 535.261.03-*\n" in content
+
+
+def test_the_library_moved_by_hand_in_the_side_effect_is_gone(host):
+    assert not host.package("libnvidia-encode1").is_installed
