@@ -49,7 +49,7 @@ import httpx
 import pytest
 import yaml
 
-from llmfleet.paths import REPO_ROOT
+from llmfleet.paths import REPO_ROOT, cache_dir
 from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.keys import Keys
 from llmfleet.serve.queue.producer import KEEP_READ_MS
@@ -203,6 +203,19 @@ def _run_output(end: dict[str, Any]) -> str:
     """The end of a scaler run's Ansible output (ansible-runner's artifacts), for a failure's message."""
     stdout = Path(end["artifacts"] or "/nonexistent") / "stdout"
     return f"{end}\n{stdout.read_text()[-5000:] if stdout.exists() else '(no output kept)'}"
+
+
+def _engine_image() -> str:
+    """The lab's engine image, as `llmfleet lab up` wrote its reference (the lab's vllm_image)."""
+    return (cache_dir() / "images" / "vllm-cpu.ref").read_text().strip()
+
+
+def _image_copied_in(end: dict[str, Any]) -> list[str]:
+    """The hosts a scaler run copied an image archive to (its "Copy the image archive" task changed there)."""
+    stdout = (Path(end["artifacts"]) / "stdout").read_text()
+    sections = re.split(r"^TASK \[", stdout, flags=re.M)
+    copies = [section for section in sections if section.startswith("image_delivery : Copy the image archive")]
+    return [host for section in copies for host in re.findall(r"^changed: \[([^\]]+)\]", section, re.M)]
 
 
 def _served_by(engine: str) -> float:
@@ -500,6 +513,10 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     scaler: subprocess.Popen[bytes], redis_memory: RedisMemory, tmp_path: Path
 ) -> None:
     assert _scraped_engines() == BASE_ENGINES
+    # site.yml put the engine image on the standby host (engines.yml's standby play), running no engine there.
+    on_host(STANDBY_HOST, "docker", "image", "inspect", "--format", "{{.Id}}", _engine_image())
+    standby_engines = on_host(STANDBY_HOST, "docker", "ps", "--all", "--quiet", "--filter", "label=llmfleet.role=vllm")
+    assert standby_engines.strip() == "", f"{STANDBY_HOST} runs engines before any scale-out: {standby_engines}"
     # Start from a quiet minute: a ScaleOutNeeded left firing by an earlier test's load has resolved, and the
     # timings below start from this load.
     wait_for(lambda: _intake_rate() == 0, "a minute without requests", timeout_s=180)
@@ -524,6 +541,7 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
         end = wait_for(partial(_action_end, action["id"]), "the scale-out playbook to end", timeout_s=900)
         TIMELINE.mark("scale-out ended", end["time"])
         assert end["result"] == "successful", _run_output(end)
+        assert _image_copied_in(end) == [], f"scale_out.yml copied the engine image: {_run_output(end)}"
         wait_for(lambda: _served_by(STANDBY_ENGINE) > 0, "the new engine to serve a request", timeout_s=120)
         TIMELINE.mark("new engine served")
     finally:
