@@ -1,4 +1,4 @@
-"""Filters on Debian package versions: dpkg's ordering, and the docker role's runc check."""
+"""Filters on Debian package versions: dpkg's ordering, what apt-cache madison offers, the docker role's runc check."""
 
 from __future__ import annotations
 
@@ -77,6 +77,48 @@ def deb_version_max(versions: Sequence[str]) -> str:
         if not highest or deb_version_compare(version, highest) > 0:
             highest = version
     return highest
+
+
+def apt_madison(output: str | Sequence[str]) -> dict[str, list[str]]:
+    """`apt-cache madison`'s output as package -> the versions it lists, in its order (newest first).
+
+    output: the command's stdout, or its stdout_lines. A record reads `package | version | source`, the
+    first two padded; a line without '|' is none. A version offered by several sources is listed once
+    for each, as madison lists it; a deb-src line names the source package.
+    """
+    lines = output.splitlines() if isinstance(output, str) else output
+    if not isinstance(lines, Sequence) or not all(isinstance(line, str) for line in lines):
+        raise AnsibleFilterError(f"apt_madison expects apt-cache madison's stdout or stdout_lines, got {output!r}")
+    offered: dict[str, list[str]] = {}
+    for line in lines:
+        if "|" not in line:
+            continue
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) < 2 or not fields[0] or not fields[1]:
+            raise AnsibleFilterError(f"not an apt-cache madison record (package | version | source): {line!r}")
+        offered.setdefault(fields[0], []).append(fields[1])
+    return offered
+
+
+def apt_offered_at(offered: Mapping[str, Sequence[str]], version: str) -> dict[str, str]:
+    """package -> the first version apt_madison lists for it that matches version; packages with none left out.
+
+    version: an apt version glob as the roles pin it (535.261.03-*): '*' is any run of characters, the rest
+    is literal and the whole version must match.
+    """
+    if not isinstance(offered, Mapping):
+        raise AnsibleFilterError(f"apt_offered_at expects apt_madison's mapping, got {offered!r}")
+    if isinstance(version, (int, float)) and not isinstance(version, bool):
+        version = str(version)  # an unquoted YAML pin (12.4) arrives as a number
+    if not isinstance(version, str):
+        raise AnsibleFilterError(f"apt_offered_at expects an apt version glob, got {version!r}")
+    pattern = re.compile(re.escape(version).replace(r"\*", ".*"))
+    found: dict[str, str] = {}
+    for package, versions in offered.items():
+        match = next((candidate for candidate in versions if pattern.fullmatch(candidate)), None)
+        if match is not None:
+            found[package] = match
+    return found
 
 
 def _runc_is_fixed(version: str, release: str, min_version: str, backports: Mapping[str, Mapping[str, str]]) -> bool:
@@ -182,6 +224,8 @@ class FilterModule:
             "deb_version_compare": deb_version_compare,
             "deb_upstream_version": deb_upstream_version,
             "deb_version_max": deb_version_max,
+            "apt_madison": apt_madison,
+            "apt_offered_at": apt_offered_at,
             "docker_runc_problem": docker_runc_problem,
             "installed_runc_problem": installed_runc_problem,
         }
