@@ -33,11 +33,13 @@ def free_loopback_port() -> int:
         return port
 
 
-def run_local_playbook(tmp_path: Path, playbook: Path, *extra_vars: str) -> subprocess.CompletedProcess[str]:
+def run_local_playbook(
+    tmp_path: Path, playbook: Path, *extra_vars: str, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     """ansible-playbook on localhost with the project's ansible.cfg, its state kept under tmp_path.
 
-    extra_vars: each an -e value (key=value or JSON). Facts stay in memory, so
-    nothing of the run outlives the test.
+    extra_vars: each an -e value (key=value or JSON). check: run with --check. Facts
+    stay in memory, so nothing of the run outlives the test.
     """
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_HOME": str(tmp_path / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
@@ -46,6 +48,8 @@ def run_local_playbook(tmp_path: Path, playbook: Path, *extra_vars: str) -> subp
                "-e", f"ansible_python_interpreter={venv_tool('python')}"]
     for value in extra_vars:
         command += ["-e", value]
+    if check:
+        command.append("--check")
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120)
 
 
