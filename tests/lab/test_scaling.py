@@ -1,9 +1,7 @@
 """Alert-driven scaling in the whole-stack lab, end to end with real parts.
 
-A plateau of load through the gateway, offered open-loop above what the lab
-answers, builds a backlog at a flat intake and keeps every engine busy (the
-lab's saturation point is one request running per engine:
-inventories/lab/group_vars/monitoring/lab.yml):
+Load through the gateway keeps every engine busy (the lab's saturation point
+is one request running per engine: inventories/lab/group_vars/monitoring/lab.yml):
 Prometheus on mon1 fires ScaleOutNeeded (scale_kind engines), Alertmanager
 posts it to the scaler, and the scaler runs playbooks/scale_out.yml through
 ansible-runner: gpu3, the standby host, gets an engine, the workers learn of it,
@@ -31,7 +29,6 @@ it changes the site, then puts it back as it was.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import json
 import os
@@ -76,12 +73,9 @@ ALERTMANAGER = "http://10.78.0.30:9093"  # mon1's Alertmanager in the test lab
 STANDBY_HOST, STANDBY_ENGINE = "gpu3", "10.78.0.43:8000"
 BASE_ENGINES = {"10.78.0.41:8000", "10.78.0.41:8001", "10.78.0.42:8000"}
 REQUEST = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 32, "ignore_eos": True}
-# Scale-out's traffic (issue 34): a plateau, offered open-loop at PLATEAU_ABOVE x what the lab answers with every
-# worker slot busy (a closed loop of as many clients, timed over PROBE_ANSWERS answers after PROBE_WARMUP_ANSWERS),
-# so a backlog builds at a flat intake; once the scaler decides, a light closed loop of LIGHT_CLIENTS while the
-# scale-out runs, so the new engine gets traffic without starving the playbook of the machine's two cores.
-PROBE_WARMUP_ANSWERS, PROBE_ANSWERS, PLATEAU_ABOVE = 64, 300, 1.3
-LIGHT_CLIENTS = 3
+# Enough clients to keep every engine running requests (the lab's saturation point: one each on average); fewer while
+# the scale-out runs, so the new engine gets traffic without starving the playbook of the machine's two cores.
+HEAVY_CLIENTS, LIGHT_CLIENTS = 16, 3
 # Scale-in's traffic: one client pausing after each answer, a few requests a second and never none, but at most one
 # running at a time, which the three engines left after scale-in carry far under their scale-out point.
 TRICKLE_CLIENTS, TRICKLE_PAUSE_S = 1, 0.3
@@ -121,34 +115,8 @@ class Timeline:
 TIMELINE = Timeline()
 
 
-class Answers:
-    """The final status of every request a load sent, and when each answer came."""
-
-    def __init__(self) -> None:
-        self.outcomes: Counter[int | str] = Counter()
-        self.retried_connections = 0
-        # time.monotonic() of each 200, in order (appended under the lock).
-        self._answered_at: list[float] = []
-        self._lock = threading.Lock()
-
-    def answers(self, since: float = 0.0) -> int:
-        """Requests answered 200 since that time.monotonic() (all of them by default)."""
-        with self._lock:
-            return len(self._answered_at) - bisect.bisect_left(self._answered_at, since)
-
-    def _count(self, status: int | str) -> None:
-        with self._lock:
-            self.outcomes[status] += 1
-            if status == 200:
-                self._answered_at.append(time.monotonic())
-
-    def _count_retry(self) -> None:
-        with self._lock:
-            self.retried_connections += 1
-
-
-class Load(Answers):
-    """Clients posting completions through the gateway until stopped: a closed loop.
+class Load:
+    """Clients posting completions through the gateway until stopped.
 
     Plain sync requests, without an Idempotency-Key: their answers are those the
     queue keeps only until delivered plus a grace, which RedisMemory relies on (a
@@ -159,9 +127,13 @@ class Load(Answers):
     """
 
     def __init__(self, token: str, clients: int, pause_s: float = 0.0) -> None:
-        super().__init__()
+        self.outcomes: Counter[int | str] = Counter()
+        self.retried_connections = 0
+        # time.monotonic() of each 200, in order (appended under the lock).
+        self._answered_at: list[float] = []
         self._headers = {"Authorization": f"Bearer {token}"}
         self._pause_s = pause_s  # between one answer and the next request: a trickle instead of a closed loop
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client) for _ in range(clients)]
         for thread in self._threads:
@@ -173,11 +145,19 @@ class Load(Answers):
             thread.join(300)
         assert not any(thread.is_alive() for thread in self._threads), "a client still waits for its answer"
 
+    def answers(self, since: float = 0.0) -> int:
+        """Requests answered 200 since that time.monotonic() (all of them by default)."""
+        with self._lock:
+            return len(self._answered_at) - bisect.bisect_left(self._answered_at, since)
+
     def _client(self) -> None:
         with httpx.Client(timeout=300, headers=self._headers) as http:
             while not self._stop.is_set():
                 status = self._request(http)
-                self._count(status)
+                with self._lock:
+                    self.outcomes[status] += 1
+                    if status == 200:
+                        self._answered_at.append(time.monotonic())
                 if status != 200:
                     self._stop.wait(0.2)  # counted; no tight loop against a refusing gateway
                 elif self._pause_s:
@@ -190,75 +170,11 @@ class Load(Answers):
                 response = http.post(f"{GATEWAY}/v1/completions", json=REQUEST)
             except httpx.TransportError as error:
                 failure = type(error).__name__
-                self._count_retry()
+                with self._lock:
+                    self.retried_connections += 1
                 continue
             return response.status_code
         return failure
-
-
-class Plateau(Answers):
-    """An open loop (issue 34): the same request every 1/rate s on a fixed schedule, whatever the answers do.
-
-    A closed loop's intake follows the answers, so it can never outrun the lab; this one offers the same rate from its
-    first second to its last, so above what the lab serves a backlog builds at a flat intake. Each request is its own
-    task on one event loop, so hundreds wait at once without a thread each; a broken connection is retried as Load
-    retries it. stop() ends the sending and waits for every request sent to be answered.
-    """
-
-    def __init__(self, token: str, rate_per_s: float) -> None:
-        super().__init__()
-        self.rate_per_s = rate_per_s
-        self.sent = 0
-        self.started = self.ended = 0.0  # time.monotonic() of the first and after the last send
-        self.most_behind_s = 0.0  # the most a send fell behind its schedule (the loop starved of CPU)
-        self._headers = {"Authorization": f"Bearer {token}"}
-        self._stop = threading.Event()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(330)
-        assert not self._thread.is_alive(), "a request of the plateau still waits for its answer"
-        assert self._failure is None, f"the plateau's sender failed: {self._failure!r}"
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._send())
-        except BaseException as error:  # a thread's failure would pass unseen: stop() raises it
-            self._failure = error
-
-    async def _send(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=300, headers=self._headers, limits=limits) as http:
-            requests: set[asyncio.Task[None]] = set()
-            self.started = time.monotonic()
-            while not self._stop.is_set():
-                behind = time.monotonic() - (self.started + self.sent / self.rate_per_s)
-                if behind < 0:
-                    await asyncio.sleep(-behind)
-                else:
-                    self.most_behind_s = max(self.most_behind_s, behind)
-                request = asyncio.create_task(self._request(http))
-                requests.add(request)
-                request.add_done_callback(requests.discard)
-                self.sent += 1
-            self.ended = time.monotonic()
-            await asyncio.gather(*requests)
-
-    async def _request(self, http: httpx.AsyncClient) -> None:
-        failure = "never sent"
-        for _ in range(5):
-            try:
-                response = await http.post(f"{GATEWAY}/v1/completions", json=REQUEST)
-            except httpx.TransportError as error:
-                failure = type(error).__name__
-                self._count_retry()
-                continue
-            self._count(response.status_code)
-            return
-        self._count(failure)
 
 
 def _audit() -> list[dict[str, Any]]:
@@ -316,35 +232,6 @@ def _intake_rate() -> float:
     """Prompt tokens a second over the last minute; no series yet means no request since the gateways started."""
     result = prometheus("query", query="sum(rate(llmfleet_gateway_prompt_tokens_sum[1m]))")["result"]
     return float(result[0]["value"][1]) if result else 0.0
-
-
-def _worker_slots() -> int:
-    """Requests the workers run at once, all of them together (each exports its concurrency)."""
-    result = prometheus("query", query="sum(llmfleet_worker_concurrency)")["result"]
-    assert result, "no worker exports llmfleet_worker_concurrency"
-    return int(float(result[0]["value"][1]))
-
-
-def _queue_waiting() -> float:
-    """Requests waiting in the queue, not yet taken by a worker, as the scaling rules read them."""
-    result = prometheus("query", query="sum(max by (lane, model) (llmfleet_queue_waiting))")["result"]
-    return float(result[0]["value"][1]) if result else 0.0
-
-
-def _lab_capacity(token: str, slots: int) -> float:
-    """Requests a second the lab answers with every worker slot busy: what the plateau must offer more than."""
-    probe = Load(token, slots)
-    try:
-        wait_for(lambda: probe.answers() >= PROBE_WARMUP_ANSWERS, "the probe's first answers")
-        start = time.monotonic()
-        wait_for(lambda: probe.answers(since=start) >= PROBE_ANSWERS, "the probe's answers")
-        # Both read at one moment: the poll's interval does not enter the rate.
-        now = time.monotonic()
-        rate = probe.answers(since=start) / (now - start)
-    finally:
-        probe.stop()
-    assert set(probe.outcomes) == {200}, f"probe requests not answered: {dict(probe.outcomes)}"
-    return rate
 
 
 def _note_pending_scale_out() -> None:
@@ -419,7 +306,7 @@ class AnswerSizes:
     sampled: int  # the delivered answers measured
 
 
-def _delivered_answer_sizes(loads: list[Answers]) -> AnswerSizes | None:
+def _delivered_answer_sizes(loads: list[Load]) -> AnswerSizes | None:
     """What a delivered answer of the load holds in redis1; None until CALIBRATION_ANSWERS answers came."""
     if sum(load.answers() for load in loads) < CALIBRATION_ANSWERS:
         return None
@@ -464,8 +351,8 @@ class RedisMemory:
     measured on real keys). The policy stays the role's noeviction: over the limit Redis refuses every write, the
     admissions first, and the gateway answers 503.
 
-    Why the limit follows the load rather than stands: the load is a burst at its peak rate (the plateau, until the
-    scaler acts, about 45 s) and then a long light tail (while scale_out.yml runs, about 4 minutes). A limit fixed
+    Why the limit follows the load rather than stands: the load is a burst at its peak rate (the heavy clients, until
+    the scaler acts, about 45 s) and then a long light tail (while scale_out.yml runs, about 4 minutes). A limit fixed
     for what the burst's last minute keeps would hold most of the whole load's answers too (7,178 in a lab run): it
     could not fail were every answer kept. Following the load, the limit comes down with the tail's rate, where every
     answer kept would not fit (_check_redis_memory asserts that from the measured figures).
@@ -496,7 +383,7 @@ class RedisMemory:
         self.used_before, self.peak_before = int(memory["used_memory"]), int(memory["used_memory_peak"])
         self.oom_before = _oom_refusals()
 
-    def hold(self, loads: list[Answers], sizes: AnswerSizes) -> None:
+    def hold(self, loads: list[Load], sizes: AnswerSizes) -> None:
         """Hold the limit at what the load needs, from now until stop()."""
         self.sizes = sizes
         used = int(_redis_fields(_redis("INFO memory"))["used_memory"])
@@ -507,7 +394,7 @@ class RedisMemory:
         self._thread = threading.Thread(target=self._hold, args=(loads,), daemon=True)
         self._thread.start()
 
-    def kept(self, loads: list[Answers], now: float) -> int:
+    def kept(self, loads: list[Load], now: float) -> int:
         """Bytes the retention should keep at `now`, by the times the answers came.
 
         Answers a broken connection left to no one keep LLMFLEET_QUEUE_RESULT_TTL_S: counted for the whole load.
@@ -521,7 +408,7 @@ class RedisMemory:
         if self._thread is not None:
             self._thread.join(60)
 
-    def _hold(self, loads: list[Answers]) -> None:
+    def _hold(self, loads: list[Load]) -> None:
         try:
             while True:
                 kept = self.kept(loads, time.monotonic())
@@ -630,37 +517,27 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     on_host(STANDBY_HOST, "docker", "image", "inspect", "--format", "{{.Id}}", _engine_image())
     standby_engines = on_host(STANDBY_HOST, "docker", "ps", "--all", "--quiet", "--filter", "label=llmfleet.role=vllm")
     assert standby_engines.strip() == "", f"{STANDBY_HOST} runs engines before any scale-out: {standby_engines}"
-    token = mint_token(tmp_path, "--tier", "bench", "--ttl", "1h")
-    slots = _worker_slots()
-    capacity = _lab_capacity(token, slots)
-    # Start from a quiet minute: the probe's pending condition, or a ScaleOutNeeded left firing by an earlier test's
-    # load, has resolved, and the timings below start from the plateau.
+    # Start from a quiet minute: a ScaleOutNeeded left firing by an earlier test's load has resolved, and the
+    # timings below start from this load.
     wait_for(lambda: _intake_rate() == 0, "a minute without requests", timeout_s=180)
+    token = mint_token(tmp_path, "--tier", "bench", "--ttl", "1h")
     redis_memory.before_load()
     TIMELINE.mark("load started")
-    plateau = Plateau(token, PLATEAU_ABOVE * capacity)
-    light: Load | None = None
-    loads: list[Answers] = [plateau]
+    heavy, light = Load(token, HEAVY_CLIENTS), Load(token, LIGHT_CLIENTS)
+    loads = [heavy, light]
     try:
         # Issue 17: from the first answers on, redis1's memory limit stands just above what the retention keeps.
         sizes = wait_for(partial(_delivered_answer_sizes, loads), "delivered answers to measure in redis1")
         redis_memory.hold(loads, sizes)
         decision = wait_for(partial(_scale_out_taken, scaler), "the scaler to take a scale-out",
                             timeout_s=300)
-        # The plateau ran above what the lab serves: more requests were outstanding than every worker slot holds,
-        # and the rest waited in the queue.
-        outstanding, waiting = plateau.sent - plateau.answers(), _queue_waiting()
-        light = Load(token, LIGHT_CLIENTS)
-        loads.append(light)  # RedisMemory reads the same list
-        plateau.stop()
+        heavy.stop()
         TIMELINE.mark("scaler took the alert", decision["time"])
         action = decision["action"]
         assert action["host"] == STANDBY_HOST, decision
         alert = decision["alerts"][0]
         assert alert["name"] == "ScaleOutNeeded", decision
         TIMELINE.mark("alert fired", _seconds(alert["starts_at"]))
-        assert outstanding > slots, (
-            f"the plateau did not outrun the lab: {outstanding} requests outstanding for {slots} worker slots")
         end = wait_for(partial(_action_end, action["id"]), "the scale-out playbook to end", timeout_s=900)
         TIMELINE.mark("scale-out ended", end["time"])
         assert end["result"] == "successful", _run_output(end)
@@ -668,25 +545,19 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
         wait_for(lambda: _served_by(STANDBY_ENGINE) > 0, "the new engine to serve a request", timeout_s=120)
         TIMELINE.mark("new engine served")
     finally:
-        for load in (light, plateau):
-            if load is not None:
-                load.stop()
+        light.stop()
+        heavy.stop()
         redis_memory.stop()
-    outcomes = sum((load.outcomes for load in loads), Counter())
+    outcomes = heavy.outcomes + light.outcomes
     # A 503 may be an admission redis1 refused for memory: the message shows its tightest sample.
     tightest = max(redis_memory.samples, key=lambda sample: sample.used / sample.limit, default=None)
     assert set(outcomes) == {200}, f"requests not answered: {dict(outcomes)}; redis1's tightest memory: {tightest}"
     # Prometheus follows the new membership: the new engine is scraped, and up.
     assert _scraped_engines() == BASE_ENGINES | {STANDBY_ENGINE}
     marks = TIMELINE.marks
-    retried = sum(load.retried_connections for load in loads)
-    sending_s = plateau.ended - plateau.started
+    retried = heavy.retried_connections + light.retried_connections
     _report(f"scale-out: {sum(outcomes.values())} requests answered, {retried} broken connections retried "
           "as new requests")
-    _report(f"  plateau: {plateau.rate_per_s:.1f} requests a second offered open-loop for {sending_s:.0f} s "
-            f"({PLATEAU_ABOVE} x the {capacity:.1f} a second the lab answered with its {slots} worker slots busy), "
-            f"{plateau.sent / sending_s:.1f} a second sent (at most {plateau.most_behind_s:.2f} s behind schedule); "
-            f"at the decision {outstanding} outstanding, {waiting:.0f} waiting in the queue")
     def span(start: str, stop: str) -> str:
         return f"{marks[stop] - marks[start]:.1f} s"
 
