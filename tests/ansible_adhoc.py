@@ -25,6 +25,7 @@ def ansible_env(tmp_path: Path) -> dict[str, str]:
         "ANSIBLE_LIBRARY": str(REPO_ROOT / "plugins" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(REPO_ROOT / "plugins" / "module_utils"),
         "ANSIBLE_FILTER_PLUGINS": str(REPO_ROOT / "plugins" / "filter"),
+        "ANSIBLE_LOOKUP_PLUGINS": str(REPO_ROOT / "plugins" / "lookup"),
         "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
         "ANSIBLE_LOCALHOST_WARNING": "0",

@@ -21,36 +21,27 @@ memory, replacing the estimate) and kv_cache_dtype (auto = the model dtype)::
 
 The arithmetic lives in plugins/module_utils/capacity_planner.py, shared with the
 CLI. Filter plugins run on the controller, where ``ansible.module_utils`` holds
-only Ansible's own module_utils, so the file is loaded from its path beside this
-plugin.
+only Ansible's own module_utils, so they import it from the installed llmfleet
+package (``llmfleet.module_utils``, a link to plugins/module_utils), as every
+controller-side plugin does (docs/layout.md).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-_PLANNER_PATH = Path(__file__).resolve().parent.parent / "module_utils" / "capacity_planner.py"
-_MODULE_NAME = "_llmfleet_capacity_planner"
-
-
-def _planner() -> ModuleType:
-    """plugins/module_utils/capacity_planner.py, loaded once by path."""
-    module = sys.modules.get(_MODULE_NAME)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(_MODULE_NAME, _PLANNER_PATH)
-        if spec is None or spec.loader is None:  # pragma: no cover (the file ships with the plugin)
-            raise AnsibleFilterError(f"capacity_plan: cannot load {_PLANNER_PATH}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_MODULE_NAME] = module
-        spec.loader.exec_module(module)
-    return module
+# Controller-side plugins import the shared code from the installed llmfleet package
+# (llmfleet/module_utils is a link to plugins/module_utils): one import path, one module.
+# Without llmfleet in the Python that runs ansible-playbook, say how to get it.
+try:
+    from llmfleet.module_utils import capacity_planner
+except ImportError as error:  # pragma: no cover (every venv that runs Ansible here installs llmfleet)
+    raise AnsibleFilterError(
+        f"capacity: {error}; run ansible-playbook from the README's venv, or pip install -e '.[ops]' in yours"
+    ) from error
 
 
 def capacity_plan(facts: Mapping[str, Any], gpus: int, **options: Any) -> dict[str, Any]:
@@ -59,10 +50,9 @@ def capacity_plan(facts: Mapping[str, Any], gpus: int, **options: Any) -> dict[s
         raise AnsibleFilterError(
             f"capacity_plan expects the facts dict that model_check returns, got {type(facts).__name__}"
         )
-    planner = _planner()
     try:
-        result: dict[str, Any] = planner.plan(dict(facts), gpus, **options)
-    except planner.PlanRefused as error:
+        result: dict[str, Any] = capacity_planner.plan(dict(facts), gpus, **options)
+    except capacity_planner.PlanRefused as error:
         raise AnsibleFilterError("capacity_plan refused: " + " | ".join(error.reasons)) from error
     except (TypeError, ValueError) as error:
         raise AnsibleFilterError(f"capacity_plan: {error}") from error

@@ -31,40 +31,31 @@ dict gives JSON with sorted keys, so the rendered argv is the same every run.
 The logic is plugins/module_utils/engine_args.py, shared with ``llmfleet engine
 check-args``; the lists are files/engine_flags/vllm-<version>.json. Filter
 plugins run on the controller, where ``ansible.module_utils`` holds only
-Ansible's own module_utils, so the file is loaded from its path.
+Ansible's own module_utils, so they import it from the installed llmfleet
+package (``llmfleet.module_utils``, a link to plugins/module_utils; docs/layout.md).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-_ENGINE_ARGS_PATH = Path(__file__).resolve().parent.parent / "module_utils" / "engine_args.py"
-_MODULE_NAME = "_llmfleet_engine_args"
-
-
-def _engine_args() -> ModuleType:
-    """plugins/module_utils/engine_args.py, loaded once by path."""
-    module = sys.modules.get(_MODULE_NAME)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(_MODULE_NAME, _ENGINE_ARGS_PATH)
-        if spec is None or spec.loader is None:  # pragma: no cover (the file ships with the plugin)
-            raise AnsibleFilterError(f"vllm_args: cannot load {_ENGINE_ARGS_PATH}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_MODULE_NAME] = module
-        spec.loader.exec_module(module)
-    return module
+# Controller-side plugins import the shared code from the installed llmfleet package
+# (llmfleet/module_utils is a link to plugins/module_utils): one import path, one module.
+# Without llmfleet in the Python that runs ansible-playbook, say how to get it.
+try:
+    from llmfleet.module_utils import engine_args
+except ImportError as error:  # pragma: no cover (every venv that runs Ansible here installs llmfleet)
+    raise AnsibleFilterError(
+        f"engine_args: {error}; run ansible-playbook from the README's venv, or pip install -e '.[ops]' in yours"
+    ) from error
 
 
 def _flags(version: Any, filter_name: str) -> dict[str, Any]:
     try:
-        flags: dict[str, Any] = _engine_args().load_flags(str(version))
+        flags: dict[str, Any] = engine_args.load_flags(str(version))
     except ValueError as error:
         raise AnsibleFilterError(f"{filter_name}: {error}") from error
     return flags
@@ -74,11 +65,10 @@ def vllm_args(options: Mapping[str, Any], version: Any) -> list[str]:
     """The engine's argv for typed options; AnsibleFilterError naming every bad flag."""
     if not isinstance(options, Mapping):
         raise AnsibleFilterError(f"vllm_args expects a mapping of flag -> value, got {type(options).__name__}")
-    module = _engine_args()
     flags = _flags(version, "vllm_args")
     try:
-        argv: list[str] = module.render_args(dict(options), flags)
-    except module.EngineArgsError as error:
+        argv: list[str] = engine_args.render_args(dict(options), flags)
+    except engine_args.EngineArgsError as error:
         raise AnsibleFilterError(f"vllm_args refused for vLLM {version}: " + " | ".join(error.problems)) from error
     return argv
 
@@ -91,10 +81,11 @@ def vllm_prefix_caching(options: Mapping[str, Any], version: Any, wanted: Any = 
         )
     if not isinstance(wanted, bool):
         raise AnsibleFilterError(f"vllm_prefix_caching: wanted must be true or false, not {wanted!r}")
-    module = _engine_args()
     try:
-        chosen: dict[str, Any] = module.with_prefix_caching(options, _flags(version, "vllm_prefix_caching"), wanted)
-    except module.EngineArgsError as error:
+        chosen: dict[str, Any] = engine_args.with_prefix_caching(
+            options, _flags(version, "vllm_prefix_caching"), wanted
+        )
+    except engine_args.EngineArgsError as error:
         raise AnsibleFilterError("vllm_prefix_caching: " + " | ".join(error.problems)) from error
     return chosen
 
@@ -103,7 +94,7 @@ def vllm_args_problems(argv: Sequence[Any], version: Any) -> list[str]:
     """Every problem of an argv list for that engine version; empty when it is valid."""
     if isinstance(argv, str | bytes) or not isinstance(argv, Sequence):
         raise AnsibleFilterError("vllm_args_problems expects a list of arguments, one item per argument")
-    _, problems = _engine_args().check_args([str(item) for item in argv], _flags(version, "vllm_args_problems"))
+    _, problems = engine_args.check_args([str(item) for item in argv], _flags(version, "vllm_args_problems"))
     return list(problems)
 
 

@@ -12,8 +12,8 @@ integration test). Each option there carries its names (aliases such as ``-tp``
 included), whether it takes a value, its nargs, value type and choices.
 
 Stdlib only, on purpose: the llmfleet CLI imports this file as
-``llmfleet.module_utils.engine_args`` and the ``vllm_args`` filter plugin loads it
-from its path, so both read flags one way.
+``llmfleet.module_utils.engine_args``, and so does the ``vllm_args`` filter
+plugin, so both read flags one way.
 
 What is refused, and why it is stricter than argparse in two places:
 

@@ -6,35 +6,31 @@ gpu_validate_facts(measurements, results_path)`` the dict kept as
 ansible_local.gpu_validate. The logic lives in
 plugins/module_utils/gpu_validation.py (pure functions, unit-tested on the real
 H200 readings); filter plugins run on the controller, where
-``ansible.module_utils`` holds only Ansible's own module_utils, so the file is
-loaded from its path in this repository.
+``ansible.module_utils`` holds only Ansible's own module_utils, so they import
+it from the installed llmfleet package (``llmfleet.module_utils``, a link to
+plugins/module_utils; docs/layout.md).
+
+This plugin stays in the role (roles/gpu_validate/filter_plugins) rather than
+plugins/filter: only the gpu_validate role calls these filters (tasks/validate.yml
+and vars/main.yml), and they judge that role's own script's output.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-_PATH = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "gpu_validation.py"
-_NAME = "_llmfleet_gpu_validation"
-
-
-def _validation() -> ModuleType:
-    module = sys.modules.get(_NAME)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(_NAME, _PATH)
-        if spec is None or spec.loader is None:  # pragma: no cover (the file is in the repository)
-            raise AnsibleFilterError(f"gpu_validate: cannot load {_PATH}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_NAME] = module
-        spec.loader.exec_module(module)
-    return module
+# Controller-side plugins import the shared code from the installed llmfleet package
+# (llmfleet/module_utils is a link to plugins/module_utils): one import path, one module.
+# Without llmfleet in the Python that runs ansible-playbook, say how to get it.
+try:
+    from llmfleet.module_utils import gpu_validation
+except ImportError as error:  # pragma: no cover (every venv that runs Ansible here installs llmfleet)
+    raise AnsibleFilterError(
+        f"gpu_validate: {error}; run ansible-playbook from the README's venv, or pip install -e '.[ops]' in yours"
+    ) from error
 
 
 def gpu_validate_report(measurements: Mapping[str, Any], table: list[Mapping[str, Any]], **options: Any) -> Any:
@@ -42,13 +38,13 @@ def gpu_validate_report(measurements: Mapping[str, Any], table: list[Mapping[str
         what = type(measurements).__name__
         raise AnsibleFilterError(f"gpu_validate_report expects the script's JSON object, got {what}")
     try:
-        return _validation().judge(measurements, table, **options)
+        return gpu_validation.judge(measurements, table, **options)
     except (TypeError, ValueError, KeyError) as error:
         raise AnsibleFilterError(f"gpu_validate_report: {error}") from error
 
 
 def gpu_validate_facts(report: Mapping[str, Any], measurements: Mapping[str, Any], results_path: str) -> Any:
-    return _validation().local_facts(report, measurements, results_path)
+    return gpu_validation.local_facts(report, measurements, results_path)
 
 
 class FilterModule:

@@ -4,6 +4,10 @@ Ansible has no built-in task that warns: `debug` prints in the colour of an
 ordinary result, `fail` stops the play. The role uses this for what it must
 never do silently (a sysctl persisted but not applied) yet must not refuse
 (a container cannot apply it). Runs on the controller only.
+
+It stays in the role (roles/kernel_tuning/action_plugins) rather than plugins/:
+only the kernel_tuning role calls it (tasks/configure.yml), and its name says
+so (docs/layout.md, "Plugins and shared code").
 """
 
 from __future__ import annotations

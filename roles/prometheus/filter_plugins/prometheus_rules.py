@@ -20,6 +20,10 @@ prometheus_record_groups(records, engine=, own=, exporters=, choices=)
 prometheus_records_left_out(records, engine=, choices=)
     Record name -> the meanings the release lacks, for the rules that
     prometheus_record_groups leaves out (the rules file says so in a comment).
+
+These filters stay in the role (roles/prometheus/filter_plugins) rather than
+plugins/filter: only the prometheus role calls them, on its own alert and record
+data (docs/layout.md, "Plugins and shared code").
 """
 
 from __future__ import annotations

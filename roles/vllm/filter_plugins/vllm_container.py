@@ -10,24 +10,34 @@ asserts both are empty before the role changes anything.
 Python rather than Jinja: the rules (GPU numbering, which secrets appear how)
 read better here, and tests/unit/roles/test_vllm_container.py checks them. The
 tensor-parallel rules are the capacity planner's
-(plugins/module_utils/capacity_planner.py), loaded from its path in this
-repository: filter plugins run on the controller, where
+(plugins/module_utils/capacity_planner.py), imported from the installed
+llmfleet package (``llmfleet.module_utils``, a link to plugins/module_utils;
+docs/layout.md): filter plugins run on the controller, where
 ``ansible.module_utils`` holds only Ansible's own module_utils.
+
+This plugin stays in the role (roles/vllm/filter_plugins) rather than
+plugins/filter: only the vllm role calls these filters (tasks/preflight.yml and
+tasks/service.yml), and they encode that role's container contract (its
+reserved flags, its env, its mounts, its restart rule).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-_PLANNER_PATH = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "capacity_planner.py"
-_PLANNER_NAME = "_llmfleet_capacity_planner"
+# Controller-side plugins import the shared code from the installed llmfleet package
+# (llmfleet/module_utils is a link to plugins/module_utils): one import path, one module.
+# Without llmfleet in the Python that runs ansible-playbook, say how to get it.
+try:
+    from llmfleet.module_utils import capacity_planner
+except ImportError as error:  # pragma: no cover (every venv that runs Ansible here installs llmfleet)
+    raise AnsibleFilterError(
+        f"vllm_container: {error}; run ansible-playbook from the README's venv, or pip install -e '.[ops]' in yours"
+    ) from error
+
 
 # What chooses the GPUs a container sees. The role sets both from the engine's
 # gpus; a value of the engine's own would give it other GPUs than its
@@ -38,19 +48,6 @@ _TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 # Flags that decide where the server listens, besides its port. --uds (vLLM
 # 0.1x) swaps the TCP listener for a Unix socket, which no worker reaches either.
 _LISTEN_FLAGS = ("host", "uds")
-
-
-def _planner() -> ModuleType:
-    """plugins/module_utils/capacity_planner.py, loaded once by path."""
-    module = sys.modules.get(_PLANNER_NAME)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(_PLANNER_NAME, _PLANNER_PATH)
-        if spec is None or spec.loader is None:  # pragma: no cover (the file is in the repository)
-            raise AnsibleFilterError(f"vllm_tensor_parallel_problems: cannot load {_PLANNER_PATH}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_PLANNER_NAME] = module
-        spec.loader.exec_module(module)
-    return module
 
 
 def _flag_name(word: str) -> str:
@@ -165,11 +162,10 @@ def vllm_tensor_parallel_problems(facts: Mapping[str, Any], tensor_parallel_size
     heads, kv_heads = facts.get("attention_heads"), facts.get("kv_heads")
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
         return []
-    planner = _planner()
-    problems: list[str] = planner.tensor_parallel_problems(heads, kv_heads, tp)
+    problems: list[str] = capacity_planner.tensor_parallel_problems(heads, kv_heads, tp)
     if not problems:
         return []
-    sizes = planner.valid_tensor_parallel_sizes(heads, kv_heads, max(tp, 8))
+    sizes = capacity_planner.valid_tensor_parallel_sizes(heads, kv_heads, max(tp, 8))
     return [
         "; ".join(problems)
         + f"; the sizes that work for this model up to {max(tp, 8)} are {sizes}: give the engine one of these"
@@ -253,6 +249,40 @@ def vllm_container_mounts(
     return mounts
 
 
+def vllm_restart_needed(written: Mapping[str, Any], engine_name: str, force: bool = False) -> bool:
+    """Whether the engine's container must restart: force (vllm_restart), or a new API key file for this engine.
+
+    written is what tasks/service.yml registers from "Write each engine's secret
+    files" (__vllm_secret_files_written): a looped result whose items are
+    [engine, {key: file name, value: variable name}]. The server reads its API
+    key once, at start-up, so only a changed ``engine_api_key`` file of this
+    engine restarts it; the Hugging Face token (read when a model is fetched), a
+    skipped item and other engines' files do not. force is ``vllm_restart | bool``,
+    converted in the task so it keeps Ansible's own reading of yes/no strings.
+    """
+    if force:
+        return True
+    if not isinstance(written, Mapping):
+        raise AnsibleFilterError(
+            f"vllm_restart_needed expects the registered result of the secret files task, got {type(written).__name__}"
+        )
+    for result in written.get("results") or []:
+        if not isinstance(result, Mapping) or not result.get("changed"):
+            continue
+        item = result.get("item")
+        if not isinstance(item, Sequence) or isinstance(item, str) or len(item) < 2:
+            continue
+        engine, secret = item[0], item[1]
+        if (
+            isinstance(engine, Mapping)
+            and isinstance(secret, Mapping)
+            and engine.get("name") == engine_name
+            and secret.get("key") == "engine_api_key"
+        ):
+            return True
+    return False
+
+
 class FilterModule:
     """Container settings of the vllm role."""
 
@@ -262,4 +292,5 @@ class FilterModule:
             "vllm_tensor_parallel_problems": vllm_tensor_parallel_problems,
             "vllm_container_env": vllm_container_env,
             "vllm_container_mounts": vllm_container_mounts,
+            "vllm_restart_needed": vllm_restart_needed,
         }

@@ -364,3 +364,64 @@ def test_the_roles_preflight_passes_an_engine_that_leaves_them_to_it(tmp_path: P
     result = _preflight(tmp_path, engine)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Check the full command line of each engine" in result.stdout
+    engine = {
+        "model": str(tiny_model),
+        "gpus": [0, 1],
+        "args": {"max_model_len": 1024},
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
+
+
+def _written(*results: dict[str, Any]) -> dict[str, Any]:
+    """What tasks/service.yml registers from "Write each engine's secret files": one result per (engine, secret)."""
+    return {"changed": any(result.get("changed") for result in results), "results": list(results)}
+
+
+def _secret(engine: str, key: str, changed: bool, **extra: Any) -> dict[str, Any]:
+    return {"changed": changed, "item": [{"name": engine}, {"key": key, "value": f"vllm_{key}"}], **extra}
+
+
+@pytest.mark.parametrize(
+    ("written", "force", "expected"),
+    [
+        # vllm_restart=true restarts whatever the files did.
+        (_written(), True, True),
+        (_written(_secret("sft-b", "engine_api_key", changed=False)), True, True),
+        # A new API key for this engine: the server reads it only at start-up.
+        (_written(_secret("sft-b", "engine_api_key", changed=True)), False, True),
+        # The same key written again (unchanged): no restart.
+        (_written(_secret("sft-b", "engine_api_key", changed=False)), False, False),
+        # Another engine's new key restarts that engine, not this one.
+        (_written(_secret("base-a", "engine_api_key", changed=True)), False, False),
+        # A new Hugging Face token is read when a model is fetched, not at start-up.
+        (_written(_secret("sft-b", "hf_token", changed=True)), False, False),
+        # A skipped item (no key set) has changed false.
+        (
+            _written({"changed": False, "skipped": True, "item": [{"name": "sft-b"}, {"key": "engine_api_key"}]}),
+            False,
+            False,
+        ),
+        # An empty plan registers no results; a result without them reads as none.
+        ({"changed": False, "skipped": True, "results": []}, False, False),
+        ({"changed": False}, False, False),
+        # Among several results, one matching is enough.
+        (
+            _written(
+                _secret("base-a", "engine_api_key", changed=True),
+                _secret("sft-b", "hf_token", changed=True),
+                _secret("sft-b", "engine_api_key", changed=True),
+            ),
+            False,
+            True,
+        ),
+    ],
+)
+def test_restart_needed_only_for_force_or_this_engines_new_api_key(
+    written: dict[str, Any], force: bool, expected: bool
+) -> None:
+    assert FILTERS.vllm_restart_needed(written, "sft-b", force=force) is expected
+
+
+def test_restart_needed_refuses_what_is_not_a_registered_result() -> None:
+    with pytest.raises(AnsibleFilterError, match="registered result"):
+        FILTERS.vllm_restart_needed(["not", "a", "result"], "sft-b")

@@ -1,8 +1,8 @@
 """Unit tests for plugins/filter/capacity.py: the capacity planner as a Jinja filter.
 
 The filter is called directly, and once through a real `ansible localhost -m
-debug` so the plugin loads the shared planner from its own path, as it does on
-a controller.
+debug` so the plugin imports the shared planner from the installed llmfleet
+package (llmfleet.module_utils), as it does on a controller.
 """
 
 from __future__ import annotations

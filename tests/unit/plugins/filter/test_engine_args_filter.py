@@ -87,10 +87,10 @@ def test_vllm_prefix_caching_refuses_bad_input() -> None:
         engine_filters.vllm_prefix_caching({}, "0.32.0", "yes")
     with pytest.raises(AnsibleFilterError, match="kept: "):
         engine_filters.vllm_prefix_caching({}, "0.5.0", True)
-    flags = engine_filters._engine_args().load_flags("0.32.0")
+    flags = engine_filters.engine_args.load_flags("0.32.0")
     without = {**flags, "options": [o for o in flags["options"] if o["dest"] != "enable_prefix_caching"]}
-    with pytest.raises(engine_filters._engine_args().EngineArgsError, match="no --enable-prefix-caching"):
-        engine_filters._engine_args().with_prefix_caching({}, without, True)
+    with pytest.raises(engine_filters.engine_args.EngineArgsError, match="no --enable-prefix-caching"):
+        engine_filters.engine_args.with_prefix_caching({}, without, True)
 
 
 def test_ansible_renders_the_vllm_roles_prefix_caching(tmp_path: Path) -> None:
