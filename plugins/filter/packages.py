@@ -1,9 +1,11 @@
-"""Filters on Debian package versions: dpkg's ordering, what apt-cache madison offers, the docker role's runc check."""
+"""Filters on Debian packages: dpkg's version ordering, what apt-cache madison offers, which names an apt
+preferences glob matches, the docker role's runc check."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -216,6 +218,14 @@ def installed_runc_problem(
     )
 
 
+def apt_names_matching(names: Sequence[str], globs: Sequence[str]) -> list[str]:
+    """The names that a preferences record with these Package: globs pins, matched as apt matches them (fnmatch):
+    `['libnvidia-ml1', 'curl'] | apt_names_matching(['*nvidia*'])` is ['libnvidia-ml1']."""
+    if isinstance(globs, str):
+        raise AnsibleFilterError(f"apt_names_matching takes a list of globs, not the string {globs!r}")
+    return [name for name in names if any(fnmatchcase(name, glob) for glob in globs)]
+
+
 class FilterModule:
     """llmfleet package version filters."""
 
@@ -226,6 +236,7 @@ class FilterModule:
             "deb_version_max": deb_version_max,
             "apt_madison": apt_madison,
             "apt_offered_at": apt_offered_at,
+            "apt_names_matching": apt_names_matching,
             "docker_runc_problem": docker_runc_problem,
             "installed_runc_problem": installed_runc_problem,
         }
