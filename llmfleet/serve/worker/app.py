@@ -1,9 +1,11 @@
-"""The worker: takes requests from the queue, calls engines, delivers each result once.
+"""The worker process: its loops, its HTTP listener, start, drain and close.
 
-Length: over 500 lines because the tasks below share one loop's state.
-
-Tasks of one worker process (all on one asyncio loop):
-- take: up to `concurrency` requests in flight; highest lane first;
+What happens to one request is elsewhere: its life in the queue (BEGIN to
+DELIVER) in job.py, the engine call in engine.py. This module keeps the
+process around them: which entries it holds (`inflight`), and these tasks of
+one worker process (all on one asyncio loop):
+- take: up to `concurrency` requests in flight; highest lane first; each
+  taken entry runs as its own task (job.JobRunner.handle);
 - reclaim: XAUTOCLAIM entries idle past claim_idle_ms (their worker died);
 - heartbeat: TOUCH held entries; cancel requests whose client went away;
 - cancel listener: the gateways' PUBLISH on <prefix>:cancel stops a request at once;
@@ -34,10 +36,8 @@ import contextlib
 import functools
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -48,26 +48,14 @@ from redis.exceptions import RedisError, ResponseError
 
 from llmfleet.serve.queue import registry
 from llmfleet.serve.queue.consumer import Consumer, Entry
-from llmfleet.serve.queue.jobs import Job, Result, error_body, now_ms, usage_tokens
 from llmfleet.serve.worker.config import WorkerSettings
-from llmfleet.serve.worker.engine import POISON_CODE, EngineCaller, Fenced, engine_session
+from llmfleet.serve.worker.engine import EngineCaller, engine_session
+from llmfleet.serve.worker.job import InFlight, JobRunner
 from llmfleet.serve.worker.metrics import WorkerMetrics
-from llmfleet.serve.worker.outage import DELIVER_GRACE_MS, RedisOutage
+from llmfleet.serve.worker.outage import RedisOutage
 from llmfleet.serve.worker.pool import EnginePool
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-OUTCOMES = {1: "answer", 0: "duplicate", -1: "fenced"}
-
-
-@dataclass
-class InFlight:
-    entry: Entry
-    task: asyncio.Task[None] | None = None
-    work: asyncio.Task[Result] | None = None
-    job: Job | None = None
-    stop_reason: str | None = None  # "client" or "drain"
 
 
 def redis_clients(settings: WorkerSettings) -> tuple[aioredis.Redis, aioredis.Redis]:
@@ -75,19 +63,6 @@ def redis_clients(settings: WorkerSettings) -> tuple[aioredis.Redis, aioredis.Re
     commands = settings.redis.client(name=settings.id)
     blocking = settings.redis.client(blocking_s=settings.block_ms / 1000, name=f"{settings.id}-read")
     return commands, blocking
-
-
-def past_queue_timeout(job: Job, entry: Entry, attempt: int, now: int) -> bool:
-    """Whether a request waited past its queue timeout for its first worker.
-
-    The queue timeout bounds the wait for a first delivery only. A request
-    another worker had already taken (reclaimed: that worker died, stalled or
-    handed it back while draining) or started (attempt 2 or later) is run
-    however long the redelivery took: the client's own deadline (job.deadline_ms,
-    which the gateway waits for and the engine call is cut to) governs it, not
-    the time spent being reclaimed.
-    """
-    return not entry.reclaimed and attempt <= 1 and now > job.queue_deadline_ms
 
 
 class Worker:
@@ -130,10 +105,9 @@ class Worker:
             affinity_epsilon=settings.affinity_epsilon,
             affinity_prefix_chars=settings.affinity_prefix_chars,
         )
-        self.caller = EngineCaller(
+        caller = EngineCaller(
             pool=self.pool,
             http=self.http,
-            consumer=self.consumer,
             metrics=self.metrics,
             worker_id=self.id,
             retries=settings.retries,
@@ -141,8 +115,8 @@ class Worker:
             request_timeout_s=settings.queue.request_timeout_s,
             health_interval_s=settings.health_interval_s,
             poison_after=settings.queue.poison_after,
-            outage=self.outage,
         )
+        self.jobs = JobRunner(self.consumer, caller, self.metrics, self.outage, self.id)
         self.metrics.capacity.set(settings.concurrency)
         if settings.listen_port:
             # Up before Redis: /healthz answers, and /readyz says why the worker is not ready yet.
@@ -320,7 +294,7 @@ class Worker:
         record = self.inflight.get(request_id)
         if record is None:
             return
-        if record.work is None:  # taken, not started yet: _process checks the flag before it starts
+        if record.work is None:  # taken, not started yet: JobRunner checks the flag before it starts
             record.stop_reason = "client"
         elif not record.work.done():
             log.info("request %s: the client went away; cancelling the engine request", request_id)
@@ -346,7 +320,7 @@ class Worker:
             self.metrics.queue_oldest_wait.labels(lane, model).set(backlog.oldest_wait_s)
         self.redis_ok = True
 
-    # -- one request ----------------------------------------------------------
+    # -- the entries it holds -------------------------------------------------
 
     def _spawn(self, entry: Entry) -> None:
         record = InFlight(entry)
@@ -355,149 +329,13 @@ class Worker:
         self.metrics.inflight.set(len(self.inflight))
 
     async def _handle(self, record: InFlight) -> None:
-        entry = record.entry
+        """The entry's life is the JobRunner's; the process frees its slot however that ends."""
         try:
-            if self.draining:
-                await self.consumer.hand_back([entry])
-                self.metrics.handed_back.inc()
-                return
-            await self._process(record)
-        except RedisError as error:
-            self.metrics.errors.labels("redis").inc()
-            log.warning(
-                "request %s: redis: %s; the entry stays pending and will be taken again", entry.request_id, error
-            )
-        except Exception:
-            self.metrics.errors.labels("internal").inc()
-            log.exception(
-                "request %s: unexpected error; the entry stays pending and will be taken again", entry.request_id
-            )
+            await self.jobs.handle(record, draining=self.draining)
         finally:
-            self.inflight.pop(entry.request_id, None)
+            self.inflight.pop(record.entry.request_id, None)
             self.metrics.inflight.set(len(self.inflight))
             self._slot_free.set()
-
-    async def _with_redis(self, job: Job, step: Callable[[], Awaitable[T]]) -> T:
-        """A queue step of a job, through a Redis outage until the job's deadline plus DELIVER_GRACE_MS."""
-        give_up_ms = job.deadline_ms + DELIVER_GRACE_MS
-        return await self.outage.call(f"request {job.id}", step, give_up=lambda: now_ms() > give_up_ms)
-
-    async def _process(self, record: InFlight) -> None:
-        entry = record.entry
-        try:
-            job = Job.from_json(entry.fields["job"])
-        except (KeyError, ValueError, TypeError) as error:
-            self.metrics.errors.labels("malformed").inc()
-            self.metrics.dead_letters.inc()
-            log.error("entry %s on lane %s is malformed (%s); dead-lettering it", entry.entry_id, entry.lane, error)
-            result = Result(500, error_body("the queued request was malformed", "internal_error", "malformed"))
-            await self.consumer.dead_letter(entry, None, f"malformed entry: {error}", 0, result)
-            return
-        record.job = job
-        start = await self._with_redis(job, lambda: self.consumer.begin(job.id))
-        if start.outcome in ("done", "gone"):
-            await self._with_redis(job, lambda: self.consumer.ack(entry))
-            return
-        if start.outcome == "dead":
-            self.metrics.dead_letters.inc()
-            message = f"gave up after {start.attempt - 1} attempts; last: {start.reason}"
-            log.error("request %s: %s; dead-lettering it", job.id, message)
-            result = Result(
-                502, error_body(message, "engine_error", "dead_letter"), attempt=start.attempt, worker=self.id
-            )
-            outcome = await self._with_redis(
-                job, lambda: self.consumer.dead_letter(entry, job, start.reason, start.attempt - 1, result)
-            )
-            self._recorded(job, result, outcome)
-            return
-        if start.outcome == "cancelled" or record.stop_reason == "client":
-            log.info("request %s: the client went away before it started; not running it", job.id)
-            result = Result(499, error_body("the client cancelled the request", "cancelled", "client_closed"))
-            await self._deliver(entry, job, start.attempt, result)
-            self.metrics.cancelled.inc()
-            return
-        attempt = start.attempt
-        if start.attempt > 1:
-            log.info("request %s: attempt %d (%d characters already streamed)", job.id, attempt, len(start.partial))
-        self.metrics.queue_wait.labels(entry.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
-        if past_queue_timeout(job, entry, attempt, now_ms()):
-            waited = (now_ms() - job.enqueued_ms) / 1000
-            self.metrics.errors.labels("queue_timeout").inc()
-            result = Result(
-                504,
-                error_body(
-                    f"the request waited {waited:.1f} s in the queue, past its queue timeout",
-                    "timeout",
-                    "queue_timeout",
-                ),
-                attempt=attempt,
-                worker=self.id,
-            )
-            await self._deliver(entry, job, attempt, result)
-            return
-        started = time.monotonic()
-        record.work = asyncio.create_task(self.caller.run(job, attempt, start.partial, start.partial_tokens))
-        cancelled = False
-        try:
-            result = await record.work
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the worker itself is being torn down
-            if record.stop_reason == "drain":
-                await self.consumer.hand_back([entry], started=[job.id])
-                self.metrics.handed_back.inc()
-                log.info("request %s handed back unfinished (drain deadline)", job.id)
-                return
-            cancelled = True
-            result = Result(
-                499,
-                error_body("the client went away; the request was cancelled", "cancelled", "client_closed"),
-                attempt=attempt,
-                worker=self.id,
-            )
-        except Fenced:
-            self.metrics.errors.labels("fenced").inc()
-            self.metrics.results.labels("fenced").inc()
-            log.warning("request %s: attempt %d lost ownership to a newer attempt; dropping it", job.id, attempt)
-            return
-        finally:
-            self.metrics.engine_time.labels(job.model).observe(time.monotonic() - started)
-        if result.status == 422 and (result.body.get("error") or {}).get("code") == POISON_CODE:
-            self.metrics.dead_letters.inc()
-            reason = str(result.body["error"].get("message", "poison"))
-            log.error("request %s: dead-lettered as poison: %s", job.id, reason)
-            outcome = await self._with_redis(
-                job, lambda: self.consumer.dead_letter(entry, job, reason, attempt, result)
-            )
-            self._recorded(job, result, outcome)
-            return
-        outcome = await self._deliver(entry, job, attempt, result)
-        if cancelled:
-            # Counted once the 499 is stored: whoever sees the count can already read the cancelled result.
-            self.metrics.cancelled.inc()
-        if outcome == 1 and result.ok:
-            prompt, completion = usage_tokens(result.body)
-            self.metrics.prompt_tokens.labels(job.model).inc(prompt)
-            self.metrics.prompt_token_sizes.labels(job.model).observe(prompt)
-            self.metrics.completion_tokens.labels(job.model).inc(completion)
-            self.metrics.end_to_end.labels(job.model, job.lane).observe(max(now_ms() - job.enqueued_ms, 0) / 1000)
-
-    async def _deliver(self, entry: Entry, job: Job, attempt: int, result: Result) -> int:
-        # Streams are fenced: only the attempt that owns the request may answer (its chunks went out).
-        # Before any attempt started (attempt 0: cancelled while queued) there is nothing to fence.
-        fenced = job.stream and attempt > 0
-        outcome = await self._with_redis(job, lambda: self.consumer.deliver(entry, job, attempt, result, fenced=fenced))
-        self.metrics.results.labels(OUTCOMES.get(outcome, "unknown")).inc()
-        if outcome == 0:
-            log.info("request %s: attempt %d finished after an earlier result; discarded", job.id, attempt)
-        self._recorded(job, result, outcome)
-        return outcome
-
-    def _recorded(self, job: Job, result: Result, outcome: int) -> None:
-        """Count what DELIVER recorded in the usage records (only the first result of a request is)."""
-        if outcome == 1:
-            self.metrics.usage_requests.labels(job.model, "answered" if result.ok else "error").inc()
 
     # -- http -----------------------------------------------------------------
 

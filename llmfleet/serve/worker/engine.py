@@ -1,5 +1,10 @@
 """Calling engines for one attempt of a job: balancing, retries within a budget, timeouts, streaming.
 
+HTTP to engines and nothing else: what a call has to tell the queue while it
+runs (a streamed chunk, an engine that died serving it) goes to the Reporter it
+is given (job.py's, which publishes and counts in Redis); this module knows no
+Redis.
+
 Length: over 500 lines because balancing, retries and the stream continuation all
 serve one attempt and share its state; splitting them would pass that state around.
 
@@ -8,7 +13,7 @@ another engine (when there is one) up to `retries` more times, with backoff,
 and never past the job's deadline. A 4xx is the request's fault: it is the
 answer, not retried.
 
-Streaming: chunks go to the gateway as they arrive (ChunkRelay). If the engine
+Streaming: chunks go to the gateway as they arrive (Reporter.chunk). If the engine
 fails after some text was sent, the retry does not start over: it continues
 the text already sent (chat: the text as a final assistant message with
 continue_final_message; completions: the prompt plus the text), with
@@ -31,16 +36,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
-from redis.exceptions import RedisError
 
-from llmfleet.serve.queue.consumer import Consumer
 from llmfleet.serve.queue.events import Assembler, delta_text
 from llmfleet.serve.queue.jobs import EVENT_KINDS, Job, Result, error_body, now_ms
 from llmfleet.serve.worker.metrics import WorkerMetrics
-from llmfleet.serve.worker.outage import RedisOutage
 from llmfleet.serve.worker.pool import Engine, EnginePool
 
 log = logging.getLogger(__name__)
@@ -103,10 +105,6 @@ class EngineFailure(Exception):
     def result(self, attempt: int, worker: str) -> Result:
         kind = {504: "timeout", 422: "invalid_request_error"}.get(self.status, "engine_error")
         return Result(self.status, error_body(self.message, kind, self.reason), attempt=attempt, worker=worker)
-
-
-class Fenced(Exception):
-    """Another attempt owns the request now (this worker was presumed dead): stop, deliver nothing."""
 
 
 def normalize_error(status: int, content: bytes) -> dict[str, Any]:
@@ -196,83 +194,20 @@ def continuable(job: Job) -> bool:
     return int(job.payload.get("n") or 1) == 1 and not job.payload.get("tools")
 
 
-class ChunkRelay:
-    """Publishes chunks in order from a background task, batching what piles up while a call is in flight."""
+class Reporter(Protocol):
+    """What one attempt's engine calls tell the queue while they run (job.py's AttemptReporter does it)."""
 
-    def __init__(self, consumer: Consumer, job: Job, attempt: int, outage: RedisOutage) -> None:
-        self.consumer = consumer
-        self.outage = outage
-        self.job = job
-        self.attempt = attempt
-        self.calls = 0
-        self.fenced = False
-        self.error: BaseException | None = None
-        self.aborted = False
-        self._queue: asyncio.Queue[tuple[str, str, int] | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(), name=f"relay-{job.id}")
+    def chunk(self, data: str, text: str, tokens: int) -> None:
+        """Send a streamed chunk or event (JSON) on, in order; raises to stop the call (fenced off, Redis gone)."""
 
-    def add(self, data: str, text: str, tokens: int) -> None:
-        if self.fenced:
-            raise Fenced
-        if self.error is not None:
-            raise self.error
-        self._queue.put_nowait((data, text, tokens))
-
-    async def close(self) -> None:
-        """Wait until everything added is published; raise Fenced if it could not be."""
-        self._queue.put_nowait(None)
-        await self._task
-        if self.fenced:
-            raise Fenced
-        if self.error is not None:
-            raise self.error
-
-    def abort(self) -> None:
-        # The flag as well as the cancel: see worker.app.cancel_and_wait about swallowed cancels.
-        self.aborted = True
-        self._queue.put_nowait(None)
-        self._task.cancel()
-
-    async def _run(self) -> None:
-        done = False
-        while not done and not self.aborted:
-            item = await self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            while not self._queue.empty():
-                more = self._queue.get_nowait()
-                if more is None:
-                    done = True
-                    break
-                batch.append(more)
-            self.calls += 1
-            try:
-                seq = await self._publish(
-                    [data for data, _, _ in batch], "".join(text for _, text, _ in batch), sum(n for _, _, n in batch)
-                )
-            except RedisError as error:
-                self.error = error
-                return
-            if seq < 0:
-                self.fenced = True
-                return
-
-    async def _publish(self, chunks: list[str], text: str, tokens: int) -> int:
-        """CHUNK, through a Redis outage until the job's deadline (the stream is no use after it)."""
-        job, calls = self.job, self.calls
-        return await self.outage.call(
-            f"request {job.id}: chunks",
-            lambda: self.consumer.chunk(job, self.attempt, calls, text, tokens, chunks),
-            give_up=lambda: now_ms() > job.deadline_ms,
-        )
+    async def engine_died(self, engine_url: str) -> int | None:
+        """Count an engine's death against the request: the deaths so far, all attempts; None if not counted."""
 
 
 @dataclass
 class EngineCaller:
     pool: EnginePool
     http: aiohttp.ClientSession
-    consumer: Consumer
     metrics: WorkerMetrics
     worker_id: str
     retries: int
@@ -280,17 +215,19 @@ class EngineCaller:
     request_timeout_s: float
     health_interval_s: float
     poison_after: int = 2
-    outage: RedisOutage = field(default_factory=RedisOutage)
     _created: float = field(default_factory=time.time)
 
-    async def run(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
+    async def run(self, job: Job, attempt: int, partial: str, partial_tokens: int, reporter: Reporter) -> Result:
+        """One attempt's answer; partial and partial_tokens: what earlier attempts streamed (BEGIN's)."""
         if job.stream and job.kind in EVENT_KINDS:
-            return await self._event_stream(job, attempt, partial_tokens)
+            return await self._event_stream(job, attempt, partial_tokens, reporter)
         if job.stream:
-            return await self._stream(job, attempt, partial, partial_tokens)
-        return await self._with_retries(job, attempt, lambda engine: self._plain_call(engine, job, attempt))
+            return await self._stream(job, attempt, partial, partial_tokens, reporter)
+        return await self._with_retries(job, attempt, reporter, lambda engine: self._plain_call(engine, job, attempt))
 
-    async def _with_retries(self, job: Job, attempt: int, call: Callable[[Engine], Awaitable[Result]]) -> Result:
+    async def _with_retries(
+        self, job: Job, attempt: int, reporter: Reporter, call: Callable[[Engine], Awaitable[Result]]
+    ) -> Result:
         excluded: set[str] = set()
         failures = 0
         last = EngineFailure("no_engine", f"no healthy engine serves model {job.model!r}", 503, blame_engine=False)
@@ -334,7 +271,7 @@ class EngineCaller:
             self.metrics.errors.labels(last.reason).inc()
             if last.blame_engine:
                 self.pool.failed(engine, last.reason)
-            poison = await self._engine_died(job, engine, last)
+            poison = await self._engine_died(job, engine, last, reporter)
             if poison is not None:
                 return poison.result(attempt, self.worker_id)
             if not last.retryable:
@@ -346,7 +283,9 @@ class EngineCaller:
             log.info("request %s: %s; retry %d of %d", job.id, last.message, failures, self.retries)
             await asyncio.sleep(self.retry_backoff_s * 2 ** (failures - 1))
 
-    async def _engine_died(self, job: Job, engine: Engine, failure: EngineFailure) -> EngineFailure | None:
+    async def _engine_died(
+        self, job: Job, engine: Engine, failure: EngineFailure, reporter: Reporter
+    ) -> EngineFailure | None:
         """After a dropped connection or a 5xx: if the engine is dead now, count it against the request.
 
         A request during which `poison_after` engines died (across all its
@@ -355,10 +294,8 @@ class EngineCaller:
         """
         if not failure.reached or await self.pool.alive(engine):
             return None
-        try:
-            deaths = await self.consumer.engine_died(job.id, engine.url)
-        except RedisError as error:
-            log.warning("request %s: could not record the death of engine %s: %s", job.id, engine.url, error)
+        deaths = await reporter.engine_died(engine.url)
+        if deaths is None:
             return None
         log.error("request %s: engine %s died while serving it (%d so far)", job.id, engine.url, deaths)
         self.metrics.errors.labels("engine_died").inc()
@@ -396,23 +333,12 @@ class EngineCaller:
         body["model"] = job.model
         return Result(200, body, attempt=attempt, worker=self.worker_id)
 
-    async def _relayed(self, job: Job, attempt: int, call: Callable[[Engine, ChunkRelay], Awaitable[Result]]) -> Result:
-        """A streamed attempt: call with retries, what it relays published in order; the relay closed or aborted."""
-        relay = ChunkRelay(self.consumer, job, attempt, self.outage)
-        try:
-            result = await self._with_retries(job, attempt, lambda engine: call(engine, relay))
-            await relay.close()
-        except BaseException:
-            relay.abort()
-            raise
-        return result
-
-    async def _stream(self, job: Job, attempt: int, partial: str, partial_tokens: int) -> Result:
+    async def _stream(self, job: Job, attempt: int, partial: str, partial_tokens: int, reporter: Reporter) -> Result:
         state = StreamState(
             text=[partial] if partial else [], tokens=partial_tokens, role_sent=bool(partial), partial=partial
         )
-        result = await self._relayed(
-            job, attempt, lambda engine, relay: self._stream_call(engine, job, attempt, state, relay)
+        result = await self._with_retries(
+            job, attempt, reporter, lambda engine: self._stream_call(engine, job, attempt, state, reporter)
         )
         if result.status != 200:
             return result
@@ -496,7 +422,7 @@ class EngineCaller:
         return Result(response.status, body, attempt=attempt, worker=self.worker_id)
 
     async def _stream_call(
-        self, engine: Engine, job: Job, attempt: int, state: StreamState, relay: ChunkRelay
+        self, engine: Engine, job: Job, attempt: int, state: StreamState, reporter: Reporter
     ) -> Result:
         payload = self._continuation(job, state)
         if payload is None:
@@ -548,7 +474,7 @@ class EngineCaller:
                 chunk["id"] = self._response_id(job)
                 chunk["model"] = job.model
                 chunk["created"] = job.enqueued_ms // 1000
-                relay.add(json.dumps(chunk, separators=(",", ":")), text, tokens)
+                reporter.chunk(json.dumps(chunk, separators=(",", ":")), text, tokens)
                 state.text.append(text)
                 state.tokens += tokens
                 for item, piece in zip(choices, texts, strict=True):
@@ -558,13 +484,13 @@ class EngineCaller:
                         state.finish_reason = item["finish_reason"]
         return Result(200, {}, attempt=attempt, worker=self.worker_id)
 
-    async def _event_stream(self, job: Job, attempt: int, partial_tokens: int) -> Result:
+    async def _event_stream(self, job: Job, attempt: int, partial_tokens: int, reporter: Reporter) -> Result:
         """A streamed Responses or Messages request: its events relayed as they come, its whole answer stored."""
         if partial_tokens:
             return self._not_continuable(job).result(attempt, self.worker_id)
         answer = Assembler(job.kind)
-        result = await self._relayed(
-            job, attempt, lambda engine, relay: self._event_call(engine, job, attempt, answer, relay)
+        result = await self._with_retries(
+            job, attempt, reporter, lambda engine: self._event_call(engine, job, attempt, answer, reporter)
         )
         if result.status != 200:
             return result
@@ -592,7 +518,9 @@ class EngineCaller:
                 event[key] = {**inner, "id": self._response_id(job), "model": job.model}
         return event
 
-    async def _event_call(self, engine: Engine, job: Job, attempt: int, answer: Assembler, relay: ChunkRelay) -> Result:
+    async def _event_call(
+        self, engine: Engine, job: Job, attempt: int, answer: Assembler, reporter: Reporter
+    ) -> Result:
         if answer.events:
             raise self._not_continuable(job)
         async with self.http.post(f"{engine.url}{job.endpoint}", json={**job.payload, "stream": True}) as response:
@@ -613,5 +541,5 @@ class EngineCaller:
                 event = self._event(job, event)
                 answer.add(event)
                 # One "token" an event: the queue's count is then non-zero once any event went out.
-                relay.add(json.dumps(event, separators=(",", ":")), delta_text(event), 1)
+                reporter.chunk(json.dumps(event, separators=(",", ":")), delta_text(event), 1)
         return Result(200, {}, attempt=attempt, worker=self.worker_id)

@@ -18,7 +18,7 @@
    refused command, a missing consumer group) is not an outage and comes out
    at once.
 
-Where the worker uses layer 2 (app.py, engine.py): starting (the consumer
+Where the worker uses layer 2 (app.py, job.py): starting (the consumer
 groups and the first report, one step); taking work (until a drain); each
 queue step of a job (BEGIN, CHUNK, DELIVER, ACK, dead letters) until its
 deadline plus DELIVER_GRACE_MS, so a finished answer is still stored after a

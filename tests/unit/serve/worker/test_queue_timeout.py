@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.serve.queue.consumer import Entry
-from llmfleet.serve.worker.app import past_queue_timeout
+from llmfleet.serve.worker.job import past_queue_timeout
 from tests.queue_tools import QUEUE_DEADLINE_MS, sample_job
 
 

@@ -33,7 +33,7 @@ from llmfleet.serve.queue.jobs import Job, now_ms
 from llmfleet.serve.worker import outage
 from llmfleet.serve.worker.app import Worker, redis_clients
 from llmfleet.serve.worker.config import WorkerSettings
-from llmfleet.serve.worker.engine import ChunkRelay
+from llmfleet.serve.worker.job import ChunkRelay, with_redis
 from llmfleet.serve.worker.outage import OUTAGE_ERRORS, RedisOutage, outage_retry
 
 
@@ -218,7 +218,7 @@ def test_a_job_step_is_retried_until_the_deadline_plus_the_grace_to_deliver(
     step = Flaky(RedisConnectionError("refused"))
 
     async def main() -> str:
-        return await worker._with_redis(job(now_ms() - past_deadline_ms), step)
+        return await with_redis(worker.outage, job(now_ms() - past_deadline_ms), step)
 
     if retried:
         assert asyncio.run(main()) == "done"

@@ -195,14 +195,17 @@ def job(kind: str = "chat", *, stream: bool = True, deadline_s: float = 1.0, **p
 
 
 class DeathCount:
-    """The one queue call a plain (not streamed) request makes: counting the engines that died serving it."""
+    """What a plain (not streamed) request reports to the queue (engine.Reporter): the engines that died serving it."""
 
     def __init__(self) -> None:
-        self.deaths: dict[str, int] = {}
+        self.deaths = 0
 
-    async def engine_died(self, request_id: str, engine_url: str) -> int:
-        self.deaths[request_id] = self.deaths.get(request_id, 0) + 1
-        return self.deaths[request_id]
+    def chunk(self, data: str, text: str, tokens: int) -> None:
+        raise AssertionError("a plain request streams no chunks")
+
+    async def engine_died(self, engine_url: str) -> int:
+        self.deaths += 1
+        return self.deaths
 
 
 def caller(pool: EnginePool | None = None, http: aiohttp.ClientSession | None = None) -> EngineCaller:
@@ -210,7 +213,6 @@ def caller(pool: EnginePool | None = None, http: aiohttp.ClientSession | None = 
         # _continuation makes no call: it needs neither engines nor the queue.
         pool=pool,  # type: ignore[arg-type]
         http=http,  # type: ignore[arg-type]
-        consumer=DeathCount(),  # type: ignore[arg-type]  # only streams publish to the queue
         metrics=WorkerMetrics(),
         worker_id="w",
         retries=1,
@@ -235,7 +237,7 @@ def call_answers(set_up: Callable[[FakeEngines], Awaitable[None]]) -> tuple[int,
             await set_up(fakes)
             engine_caller = caller(pool, http)
             result = await engine_caller.run(
-                job(stream=False, deadline_s=30, messages=[{"role": "user", "content": "hi"}]), 1, "", 0
+                job(stream=False, deadline_s=30, messages=[{"role": "user", "content": "hi"}]), 1, "", 0, DeathCount()
             )
             reasons = [
                 sample.labels["reason"]
