@@ -104,7 +104,14 @@ class GatewaySettings(BaseSettings):
     truncate_prompts: bool = Field(
         default=False, description="cut over-long prompts to fit instead of answering 400 (operator opt-in)"
     )
-    result_poll_s: float = Field(default=2.0, gt=0, description="how often a waiter also checks the result key")
+    result_poll_s: float = Field(default=2.0, gt=0, description="how often a waiter first checks the result key")
+    # Each check that finds nothing doubles the wait to the next, up to this: a request waiting a minute in a
+    # backlog polls 6 times, not 30, and 600 of them no longer empty the Redis connection pool (issue 34).
+    # The reply listener makes every waiter check at once when it gets over a Redis error (a restart can lose
+    # notifications), so the longer wait only delays an answer whose notification was lost otherwise.
+    result_poll_max_s: float = Field(
+        default=30.0, gt=0, description="longest wait between a waiter's checks of the result key"
+    )
     stream_keepalive_s: float = Field(
         default=10.0, gt=0, description="SSE keep-alive comment interval while a stream waits for its answer"
     )

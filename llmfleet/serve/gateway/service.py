@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -265,7 +266,7 @@ async def _next(
     "lost": the poll found neither a result nor the job record (Producer.poll): Redis lost the request's writes.
     An unreachable Redis is not that: the wait goes on (the answer may still come when it is back).
     """
-    poll_s = state.settings.result_poll_s
+    poll_s, poll_max_s = state.settings.result_poll_s, state.settings.result_poll_max_s
     loop = asyncio.get_running_loop()
     idle_at = None if idle_s is None else loop.time() + idle_s
     while True:
@@ -274,20 +275,27 @@ async def _next(
             return "timeout"
         if not waiter.events.empty():
             return waiter.events.get_nowait()
-        wait_s = min(poll_s, remaining_s)
+        # Jittered, so waiters admitted together do not poll together.
+        wait_s = min(poll_s * random.uniform(0.75, 1.0), remaining_s)  # noqa: S311 (spread, not a secret)
         if idle_at is not None:
             wait_s = max(min(wait_s, idle_at - loop.time()), 0.0)
         get = asyncio.ensure_future(waiter.events.get())
-        wait_for: set[asyncio.Future[Any]] = {get} if disconnect is None else {get, disconnect}
+        check_now = asyncio.ensure_future(waiter.check_now.wait())
+        wait_for: set[asyncio.Future[Any]] = {get, check_now} if disconnect is None else {get, check_now, disconnect}
         try:
             done, _ = await asyncio.wait(wait_for, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not get.done():
-                get.cancel()
+            for pending in (get, check_now):
+                if not pending.done():
+                    pending.cancel()
         if get in done:
             return get.result()
         if disconnect is not None and disconnect in done:
             return "disconnected"
+        if check_now in done:
+            waiter.check_now.clear()
+        else:
+            poll_s = min(poll_s * 2, poll_max_s)
         # Nothing on the stream for a while: the notification may be lost (trimmed
         # stream, Redis restart); the stored result is the source of truth. The
         # same round trip asks whether the job still exists at all.

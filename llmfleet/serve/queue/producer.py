@@ -238,6 +238,8 @@ class Waiter:
     request_id: str
     expires_ms: int
     events: asyncio.Queue[ReplyEvent] = field(default_factory=asyncio.Queue)
+    # Set by the listener when its notifications may have been lost: check the stored result now.
+    check_now: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ReplyListener:
@@ -299,6 +301,10 @@ class ReplyListener:
                 if had_error:
                     await self._check_continuity()
                     had_error = False
+                    # Events written while we could not read may be gone (a Redis restart): every waiter looks
+                    # at its stored result now instead of at its next, backed-off poll.
+                    for waiter in self.waiters.values():
+                        waiter.check_now.set()
                 response = await self.client.xread({self.key: self.last_id}, count=1000, block=self.block_ms)
                 self.connected.set()
                 backoff = 0.05
