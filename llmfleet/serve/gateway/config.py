@@ -124,6 +124,11 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
+        if self.result_poll_max_s < self.result_poll_s:
+            raise ValueError(
+                f"LLMFLEET_GATEWAY_RESULT_POLL_MAX_S ({self.result_poll_max_s:g}) is below"
+                f" LLMFLEET_GATEWAY_RESULT_POLL_S ({self.result_poll_s:g}): the first wait cannot exceed the longest"
+            )
         sources = (self.jwt_secret_file, self.jwt_public_key_file, self.jwt_jwks_file, self.jwt_jwks_url)
         if sum(source is not None for source in sources) != 1:
             raise ValueError(

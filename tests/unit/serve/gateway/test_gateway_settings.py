@@ -43,6 +43,14 @@ def test_models_are_required(make_settings: Make) -> None:
         make_settings(LLMFLEET_GATEWAY_MODELS=None)
 
 
+def test_a_longest_poll_below_the_first_is_refused(make_settings: Make) -> None:
+    refused = r"RESULT_POLL_MAX_S \(1\) is below LLMFLEET_GATEWAY_RESULT_POLL_S \(5\)"
+    with pytest.raises(ValidationError, match=refused):
+        make_settings(LLMFLEET_GATEWAY_RESULT_POLL_S="5", LLMFLEET_GATEWAY_RESULT_POLL_MAX_S="1")
+    equal = make_settings(LLMFLEET_GATEWAY_RESULT_POLL_S="5", LLMFLEET_GATEWAY_RESULT_POLL_MAX_S="5")
+    assert equal.result_poll_max_s == 5
+
+
 @pytest.mark.parametrize("placeholder", ["CHANGE-ME", "change-me\n", "changeme", "TODO"])
 def test_a_placeholder_secret_is_refused_at_start_up(make_settings: Make, secret_file: Path, placeholder: str) -> None:
     secret_file.write_text(placeholder)
