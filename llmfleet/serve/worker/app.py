@@ -98,6 +98,7 @@ class Worker:
             self.metrics,
             health_interval_s=settings.health_interval_s,
             health_timeout_s=settings.health_timeout_s,
+            slow_checks_to_remove=settings.slow_checks_to_remove,
             eject_after=settings.eject_after,
             eject_s=settings.eject_s,
             policy=settings.policy,

@@ -48,6 +48,9 @@ class WorkerSettings(BaseSettings):
     connect_timeout_s: float = Field(default=3.0, gt=0)
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=2.0, gt=0)
+    slow_checks_to_remove: int = Field(
+        default=3, ge=1, le=100, description="health checks timed out in a row that take an admitted engine out"
+    )
     eject_after: int = Field(default=2, ge=1, description="consecutive request failures that eject an engine")
     eject_s: float = Field(default=10.0, ge=0, description="shortest ejection before a health check may re-admit")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="SIGTERM: time to finish in-flight work")

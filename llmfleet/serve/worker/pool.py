@@ -2,6 +2,11 @@
 
 - Active checks: every health_interval_s each engine's GET /health (200 or
   not) and, when healthy, GET /v1/models (the served names and max_model_len).
+  A non-200 answer or a refused connection takes the engine out at once. A
+  check that times out takes an admitted engine out only after
+  slow_checks_to_remove of them in a row: an engine busy on a loaded host may
+  answer one check late, and taking every such engine out at once left no
+  engine for the model, so requests were answered 503 while all of them served.
 - Passive ejection: eject_after consecutive failed requests (connection
   errors, timeouts, 5xx) eject an engine for at least eject_s; only a
   successful health check after that re-admits it. This catches the engine
@@ -49,6 +54,7 @@ class Engine:
     checked: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
+    slow_checks: int = 0  # health checks in a row that timed out
     outstanding: int = 0
     drained: bool = False
     models: dict[str, int] = field(default_factory=dict)
@@ -66,6 +72,7 @@ class EnginePool:
         *,
         health_interval_s: float = 2.0,
         health_timeout_s: float = 2.0,
+        slow_checks_to_remove: int = 3,
         eject_after: int = 2,
         eject_s: float = 10.0,
         policy: Policy = "least_outstanding",
@@ -84,6 +91,7 @@ class EnginePool:
         self.metrics = metrics
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
+        self.slow_checks_to_remove = slow_checks_to_remove
         self.eject_after = eject_after
         self.eject_s = eject_s
         self._turn = itertools.count()
@@ -199,10 +207,19 @@ class EnginePool:
                     response.raise_for_status()
                     served = json.loads(await response.read())["data"]
                 engine.models = {str(model["id"]): int(model.get("max_model_len") or 0) for model in served}
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as error:
+        except TimeoutError:
+            engine.slow_checks += 1
+            if engine.healthy and engine.slow_checks < self.slow_checks_to_remove:
+                return  # it stays in: one late answer on a busy host is not a dead engine
+            if engine.healthy or not engine.checked:
+                log.warning("engine %s timed out %d health checks in a row", engine.url, engine.slow_checks)
+            healthy = False
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as error:
             if engine.healthy or not engine.checked:
                 log.warning("engine %s failed its health check: %s", engine.url, type(error).__name__)
             healthy = False
+        else:
+            engine.slow_checks = 0
         was = engine.admitted(time.monotonic())
         engine.checked = True
         if healthy and time.monotonic() >= engine.ejected_until:

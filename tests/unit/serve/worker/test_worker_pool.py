@@ -34,6 +34,7 @@ class FakeEngines:
         self.health: dict[str, int] = {}
         self.chat: dict[str, int] = {}
         self.stalled: set[str] = set()  # these hold every chat request until the engines are stopped
+        self.slow_health: set[str] = set()  # these hold every /health until the engines are stopped
         self.release = asyncio.Event()
         self.calls: dict[str, int] = {}
         self.runners: list[web.AppRunner] = []
@@ -51,6 +52,8 @@ class FakeEngines:
         await self.runners[index].cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
+        if f"http://{request.host}" in self.slow_health:
+            await self.release.wait()
         return web.Response(status=self.health[f"http://{request.host}"])
 
     async def _models(self, _request: web.Request) -> web.Response:
@@ -130,6 +133,34 @@ def test_an_engine_that_does_not_listen_fails_its_check() -> None:
         assert {engines.pick("tiny").url for _ in range(4)} == set(fakes.urls[1:])
 
     with_pool(test)
+
+
+def test_an_engine_stays_in_through_slow_checks_until_enough_come_in_a_row() -> None:
+    async def test(fakes: FakeEngines, engines: EnginePool) -> None:
+        await engines.check_all()
+        a = engines.engines[0]
+        fakes.slow_health.add(a.url)
+        for _ in range(2):  # late answers on a busy host: it keeps serving
+            await engines.check_all()
+            assert a.healthy and engines.pick("tiny", frozenset(fakes.urls[1:])).url == a.url
+        await engines.check_all()  # the third in a row takes it out
+        assert not a.healthy and a.slow_checks == 3
+        assert engines.metrics.registry.get_sample_value("llmfleet_engine_up", {"engine": a.url}) == 0
+        fakes.slow_health.clear()
+        await engines.check_all()
+        assert a.healthy and a.slow_checks == 0
+        # An answer in time between slow ones starts the count again.
+        fakes.slow_health.add(a.url)
+        await engines.check_all()
+        await engines.check_all()
+        fakes.slow_health.clear()
+        await engines.check_all()
+        fakes.slow_health.add(a.url)
+        await engines.check_all()
+        await engines.check_all()
+        assert a.healthy and a.slow_checks == 2
+
+    with_pool(test, health_timeout_s=0.1, slow_checks_to_remove=3)
 
 
 def test_a_drained_engine_gets_nothing_new_and_says_so_until_undrained() -> None:
