@@ -119,9 +119,12 @@ def test_a_server_that_keeps_up_is_reported_at_the_offered_rate_whatever_its_lat
 
 
 def test_a_server_that_falls_behind_is_reported_below_the_offered_rate() -> None:
-    # Each request waits 2 ms longer than the one before: answers come every 5 + 2 ms, 143 a second.
+    # Each request waits 5 ms longer than the one before: answers come every 5 + 5 ms, 100 a second. A send
+    # never leaves before it is due, so request n is answered 10 n ms after the first is due at the earliest, and
+    # however a loaded machine delays the sends, at most the 25 answers due before the window's end (250 ms) land
+    # in it: 125 a second. (With 2 ms, a loaded test run let 34 land in the window: 170 a second.)
     samples, window_start, window_end = _open_loop(
-        _fake_server(lambda n: 0.002 * n), rate=200, warmup_s=0.05, duration_s=0.2
+        _fake_server(lambda n: 0.005 * n), rate=200, warmup_s=0.05, duration_s=0.2
     )
     report = summarize("fake", "u", "rate", 200, samples, window_start, window_end)
     assert report.ok == report.requests == 40, "every request due in the window is waited for"
