@@ -3,7 +3,7 @@
 They belong to the preflight role only (roles/preflight/tasks/evaluate.yml), so they
 live in the role's filter_plugins rather than plugins/filter/. Each was a Jinja loop
 in evaluate.yml; the keys, values and order they return are the same, because the
-checks' messages are built from them word for word.
+checks' messages (preflight_checks.py, beside this file) are built from them word for word.
 
     gpu_probe.processes | preflight_gpu_processes(engine_ids)
     gpu_probe | preflight_gpus(engine_ids)

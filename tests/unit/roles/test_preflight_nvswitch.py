@@ -1,14 +1,17 @@
 """The preflight role's NVSwitch check and its preflight_nvswitch_count fact, as written.
 
-The check of tasks/evaluate.yml runs alone through ansible-playbook on localhost, given
-the NVSwitches the nvidia_pci module found and what systemd says of Fabric Manager. The
-real H200 (tests/unit/fixtures/real-h200-pci/, recorded there) has none: it must say so
+The role's tasks/evaluate.yml runs through ansible-playbook on localhost, given what its
+probes found (tasks/probe.yml's registered results): a healthy host with the real H200's
+GPU (tests/unit/fixtures/real-h200/gpu_facts.json), the NVSwitches the nvidia_pci module
+found and what systemd says of Fabric Manager. Its nvswitch result and the count are kept.
+The real H200 (tests/unit/fixtures/real-h200-pci/, recorded there) has none: it must say so
 and count 0. The four NVSwitches are the STAND-IN listing's (files/standins/pci-devices.yml,
-not a real machine's).
+not a real machine's). The check's other branches: tests/unit/roles/test_preflight_checks.py.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -19,12 +22,15 @@ import yaml
 from llmfleet.paths import REPO_ROOT
 from tests.tools import run_local_playbook
 
-ROLE = REPO_ROOT / "roles" / "preflight"
-CHECK = "evaluate | Check for NVSwitches and Fabric Manager"
+CHECK = "nvswitch"
 FIXTURES = REPO_ROOT / "tests" / "unit" / "fixtures" / "real-h200-pci"
 REAL = json.loads((FIXTURES / "nvidia_pci.json").read_text())
 # What the preflight and nvidia_driver roles decided on the H200 itself (checks.yml there, in check mode).
 REAL_CHECKS = json.loads((FIXTURES / "checks.json").read_text())
+# What the gpu_facts module read on the real H200 through NVML, no process holding memory.
+REAL_GPU_PROBE = json.loads((REPO_ROOT / "tests" / "unit" / "fixtures" / "real-h200" / "gpu_facts.json").read_text())[
+    "nvml"
+]
 STANDIN = [
     {key: device[key] for key in ("slot", "device", "class", "driver")}
     for device in yaml.safe_load((REPO_ROOT / "files" / "standins" / "pci-devices.yml").read_text())["devices"]
@@ -32,11 +38,41 @@ STANDIN = [
 ]
 
 
+def _probes(nvswitches: list[dict[str, str]], fm: str | None, smi: str, marker: bool) -> dict[str, Any]:
+    """tasks/probe.yml's registered results on a healthy host with the real H200's GPU, with these NVSwitches,
+    Fabric Manager state (None: not asked, as without NVSwitches), driver state and reboot marker."""
+    gpu_probe = REAL_GPU_PROBE if smi == "ok" else {
+        "changed": False, "state": smi, "msg": f"gpu_facts: the driver is {smi}", "gpus": [], "processes": []}
+    fabric_manager = ({"changed": False, "skipped": True} if fm is None
+                      else {"rc": 0 if fm == "active" else 3, "stdout": fm})
+    return {
+        # The facts the os check reads, as the H200's Ubuntu gives them (this machine's are not gathered).
+        "ansible_facts": {"distribution": "Ubuntu", "distribution_version": "24.04",
+                          "distribution_major_version": "24"},
+        "__preflight_pci_probe": {"gpus": REAL["gpus"], "nvswitches": nvswitches},
+        "__preflight_fabric_manager": fabric_manager,
+        "__preflight_gpu_probe": gpu_probe,
+        "__preflight_engine_containers": {"rc": 0, "stdout_lines": []},
+        "__preflight_modules": {"content": base64.b64encode(b"nvidia 1 0 - Live 0x0\n").decode()},
+        "__preflight_nvidia_module": {"stat": {"exists": smi != "absent"}},
+        "__preflight_reboot_marker": {"stat": {"exists": marker}},
+        "__preflight_df_probe": {"stdout_lines": ["/dev/shm\t/dev/shm\t8388608\t8388608"]},
+        "__preflight_shm_limits": {"stdout_lines": ["18446744073692774399", "18446744073692774399", "4096"]},
+        "__preflight_page_size": {"stdout": "4096"},
+        "__preflight_secure_boot_probe": {
+            "stdout": json.dumps({"state": "no-efi", "source": "none", "dkms_key": "absent"})
+        },
+        "preflight_disk_requirements": [],
+    }
+
+
 def _check(tmp_path: Path, nvswitches: list[dict[str, str]], fm: str | None, smi: str, marker: bool) -> dict[str, Any]:
-    tasks = yaml.safe_load((ROLE / "tasks" / "evaluate.yml").read_text())
-    check = [task for task in tasks if task["name"] == CHECK]
-    assert len(check) == 1, "evaluate.yml no longer has the NVSwitch check: update this test"
     out = tmp_path / "out.json"
+    evaluate = {
+        "name": "Judge what the probes found",
+        "ansible.builtin.include_role": {"name": "preflight", "tasks_from": "evaluate.yml"},
+        "vars": _probes(nvswitches, fm, smi, marker),
+    }
     keep = {
         "name": "Keep the result",
         "ansible.builtin.copy": {
@@ -45,25 +81,15 @@ def _check(tmp_path: Path, nvswitches: list[dict[str, str]], fm: str | None, smi
             "mode": "0644",
         },
     }
-    registered = {
-        "__preflight_results": [],
-        "__preflight_pci_nvswitches": nvswitches,
-        "__preflight_smi_state": smi,
-        "__preflight_reboot_marker": {"stat": {"exists": marker}},
-        "__preflight_driver_reboot_marker": "/var/lib/llmfleet/nvidia-driver-reboot-required",
-    }
-    if fm is not None:
-        registered["__preflight_fabric_manager"] = {"rc": 0 if fm == "active" else 3, "stdout": fm}
-    # Play vars, not -e: set_fact must be able to add to __preflight_results.
-    play = [
-        {"name": "NVSwitch check", "hosts": "all", "gather_facts": False, "vars": registered, "tasks": [*check, keep]}
-    ]
+    play = [{"name": "NVSwitch check", "hosts": "all", "gather_facts": False, "tasks": [evaluate, keep]}]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     result = run_local_playbook(tmp_path, playbook)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     kept: dict[str, Any] = json.loads(out.read_text())
-    [entry] = kept["results"]
+    found = [entry for entry in kept["results"] if entry["check"] == CHECK]
+    assert len(found) == 1, f"evaluate.yml no longer gives one {CHECK} result: update this test ({kept['results']})"
+    [entry] = found
     entry["detail"] = " ".join(entry["detail"].split())
     return {"count": kept["count"], **entry}
 
