@@ -3,6 +3,7 @@ whatever PATH says), find a free loopback port and wait on a condition."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 from llmfleet.paths import REPO_ROOT
@@ -18,6 +20,15 @@ VENV_BIN = Path(sys.executable).parent
 LLMFLEET = [sys.executable, "-m", "llmfleet"]
 
 T = TypeVar("T")
+
+
+def load_plugin(path: Path, name: str) -> ModuleType:
+    """A plugin file (a role's filter_plugins one, which no package holds) loaded as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def venv_tool(name: str) -> str:

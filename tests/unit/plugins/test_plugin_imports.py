@@ -10,16 +10,15 @@ without llmfleet gets a message that says how to fix it.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from llmfleet.module_utils import capacity_planner
 from llmfleet.paths import REPO_ROOT
+from tests.tools import load_plugin
 
 # Plugins that run on the controller: plugins/ (modules aside: Ansible ships those
 # to hosts with ansible.module_utils) and the role-local plugin folders.
@@ -27,14 +26,6 @@ CONTROLLER_PLUGINS = sorted(
     [path for path in (REPO_ROOT / "plugins").glob("*/*.py") if path.parent.name not in ("modules", "module_utils")]
     + list((REPO_ROOT / "roles").glob("*/*_plugins/*.py"))
 )
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_controller_plugins_are_found() -> None:
@@ -57,8 +48,8 @@ def test_no_plugin_loads_shared_code_by_path(path: Path) -> None:
 
 
 def test_the_planner_is_one_module_for_every_plugin() -> None:
-    capacity = _load(REPO_ROOT / "plugins" / "filter" / "capacity.py", "llmfleet_test_capacity")
-    vllm = _load(REPO_ROOT / "roles" / "vllm" / "filter_plugins" / "vllm_container.py", "llmfleet_test_vllm")
+    capacity = load_plugin(REPO_ROOT / "plugins" / "filter" / "capacity.py", "llmfleet_test_capacity")
+    vllm = load_plugin(REPO_ROOT / "roles" / "vllm" / "filter_plugins" / "vllm_container.py", "llmfleet_test_vllm")
     assert capacity.capacity_planner is vllm.capacity_planner is capacity_planner
 
 

@@ -10,10 +10,7 @@ compared word for word with what the role said there (tests/unit/fixtures/real-h
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,6 +18,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from llmfleet.paths import REPO_ROOT
+from tests.tools import load_plugin
 
 ROLE = REPO_ROOT / "roles" / "preflight"
 PLUGIN = ROLE / "filter_plugins" / "preflight_checks.py"
@@ -35,15 +33,7 @@ MARKER = "/var/lib/llmfleet/nvidia-driver-reboot-required"
 MOK = "/var/lib/dkms/mok.pub"
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preflight_checks_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = _load(PLUGIN)
+checks = load_plugin(PLUGIN, "preflight_checks_under_test")
 
 
 def _pci(count: int) -> list[dict[str, str]]:

@@ -7,28 +7,18 @@ siblings, how df.sh's lines are read, and how disk requirements add up per files
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from llmfleet.paths import REPO_ROOT
+from tests.tools import load_plugin
 
 PLUGIN = REPO_ROOT / "roles" / "preflight" / "filter_plugins" / "preflight_probes.py"
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preflight_probes_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-probes = _load(PLUGIN)
+probes = load_plugin(PLUGIN, "preflight_probes_under_test")
 ENGINE = "a" * 64
 
 

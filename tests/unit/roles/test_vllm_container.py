@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,19 +17,9 @@ from ansible.errors import AnsibleFilterError
 from llmfleet.lab import tiny
 from llmfleet.module_utils import model_validation
 from llmfleet.paths import REPO_ROOT
-from tests.tools import venv_tool
+from tests.tools import load_plugin, venv_tool
 
-
-def _load() -> ModuleType:
-    path = REPO_ROOT / "roles" / "vllm" / "filter_plugins" / "vllm_container.py"
-    spec = importlib.util.spec_from_file_location("vllm_container", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FILTERS = _load()
+FILTERS = load_plugin(REPO_ROOT / "roles" / "vllm" / "filter_plugins" / "vllm_container.py", "vllm_container")
 BASE = {"VLLM_NO_USAGE_STATS": "1"}
 
 
