@@ -28,6 +28,11 @@ pytestmark = pytest.mark.vllm
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 300
 
+# Wherever a Messages test needs text: sampled, the tiny model's first token is now and then its end of sequence,
+# and a message with no text has no content block (a test run streamed only message_start, message_delta,
+# message_stop). The Messages API takes no ignore_eos; the pinned SDK has no temperature argument, the API does.
+GREEDY = {"temperature": 0}
+
 # The chat test's strict tool (its comment says why strict), in the Responses API's flat shape.
 WEATHER: Any = {"type": "function", **CHAT_WEATHER["function"]}  # type: ignore[dict-item]
 
@@ -182,7 +187,7 @@ def test_responses_errors_are_the_sdks_exceptions(stack: Stack, sdk: OpenAI) -> 
 
 def test_a_message_answers_and_its_input_tokens_are_what_count_tokens_says(claude: Anthropic) -> None:
     conversation: list[Any] = [{"role": "user", "content": "Hello!"}]
-    raw = claude.messages.with_raw_response.create(model="tiny", max_tokens=8, messages=conversation)
+    raw = claude.messages.with_raw_response.create(model="tiny", max_tokens=8, messages=conversation, extra_body=GREEDY)
     message = raw.parse()
     assert message.id == f"msg_{raw.headers['x-request-id']}"
     assert message.type == "message" and message.role == "assistant" and message.model == "tiny"
@@ -195,18 +200,14 @@ def test_a_message_answers_and_its_input_tokens_are_what_count_tokens_says(claud
 
 
 def test_a_streamed_message_passes_the_engines_events_through(claude: Anthropic) -> None:
-    with claude.messages.stream(
-        model="tiny", max_tokens=12, messages=[{"role": "user", "content": "Tell me a story."}]
-    ) as stream:
+    story: Any = {"model": "tiny", "max_tokens": 12, "extra_body": GREEDY,
+                  "messages": [{"role": "user", "content": "Tell me a story."}]}
+    with claude.messages.stream(**story) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[0].type == "text" and final.content[0].text == text
     assert final.id.startswith("msg_") and 0 < final.usage.output_tokens <= 12
-    events = list(
-        claude.messages.create(
-            model="tiny", max_tokens=12, messages=[{"role": "user", "content": "Tell me a story."}], stream=True
-        )
-    )
+    events = list(claude.messages.create(**story, stream=True))
     types = [event.type for event in events]
     assert types[0] == "message_start" and types[-1] == "message_stop", types
     assert "content_block_delta" in types and "message_delta" in types
@@ -227,7 +228,7 @@ def test_a_system_prompt_is_part_of_the_prompt(claude: Anthropic) -> None:
 def test_a_multi_turn_conversation_replays_what_the_sdk_returned(claude: Anthropic) -> None:
     # Digits and a decomposed accent: where a tokenizer that differs from the engine's would miscount.
     conversation: list[Any] = [{"role": "user", "content": "Hello! Order 66 shipped 12 items to the cafe\u0301."}]
-    first = claude.messages.create(model="tiny", max_tokens=6, messages=conversation)
+    first = claude.messages.create(model="tiny", max_tokens=6, messages=conversation, extra_body=GREEDY)
     conversation.append({"role": "assistant", "content": first.content})  # the SDK's own block objects
     conversation.append({"role": "user", "content": [{"type": "text", "text": "And then?"}]})
     second = claude.messages.create(model="tiny", max_tokens=6, messages=conversation)
