@@ -552,7 +552,6 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     token = mint_token(tmp_path, "--tier", "bench", "--ttl", "1h")
     redis_memory.before_load()
     TIMELINE.mark("load started")
-    load_started = time.time()
     heavy, light = Load(token, HEAVY_CLIENTS), Load(token, LIGHT_CLIENTS)
     loads = [heavy, light]
     try:
@@ -582,7 +581,7 @@ def test_load_adds_the_standby_host_whose_engine_then_serves(
     # A 503 may be an admission redis1 refused for memory: the message shows its tightest sample.
     tightest = max(redis_memory.samples, key=lambda sample: sample.used / sample.limit, default=None)
     assert set(outcomes) == {200}, (f"requests not answered: {dict(outcomes)}; redis1's tightest memory: {tightest}"
-                                    f"; the services' warnings:\n{_service_warnings(load_started)}")
+                                    f"; the services' warnings:\n{_service_warnings(TIMELINE.marks['load started'])}")
     # Prometheus follows the new membership: the new engine is scraped, and up.
     assert _scraped_engines() == BASE_ENGINES | {STANDBY_ENGINE}
     marks = TIMELINE.marks
