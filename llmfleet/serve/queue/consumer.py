@@ -77,7 +77,13 @@ class Start:
 
 class Consumer:
     def __init__(
-        self, client: aioredis.Redis, blocking: aioredis.Redis, settings: QueueSettings, worker_id: str
+        self,
+        client: aioredis.Redis,
+        blocking: aioredis.Redis,
+        settings: QueueSettings,
+        worker_id: str,
+        *,
+        record_usage: bool = True,
     ) -> None:
         self.client = client
         self.blocking = blocking
@@ -85,6 +91,9 @@ class Consumer:
         self.keys = Keys(settings.prefix)
         self.scripts = Scripts.register(client)
         self.worker_id = worker_id
+        # False only for the baseline of `llmfleet bench usage` (llmfleet/bench/usagecost.py), which measures
+        # what the usage records cost: the worker always records.
+        self.record_usage = record_usage
         self._cursors: dict[str, str] = {}
         # Entries this consumer has taken (take and wait_take): numbers the fair turns (lanes.fair_turns).
         self.taken = 0
@@ -247,7 +256,8 @@ class Consumer:
         # The day of admission, as the gateway charged the job's estimate to it.
         when_ms = job.enqueued_ms if job else now_ms()
         model = job.model if job else ""
-        prompt, completion = usage_tokens(result.body) if result.ok else (0, 0)
+        record = job is not None and self.record_usage
+        prompt, completion = usage_tokens(result.body) if record and result.ok else (0, 0)
         keys = [
             self.keys.result(request_id),
             self.keys.job(request_id),
@@ -270,7 +280,7 @@ class Consumer:
             self.settings.reply_maxlen,
             result.status,
             "1" if reply else "0",
-            "1" if job else "0",
+            "1" if record else "0",
             pair_member(subject, model),
             prompt,
             completion,

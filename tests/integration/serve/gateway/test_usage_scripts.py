@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,3 +178,38 @@ async def test_a_tier_budget_holds_estimates_and_charges_what_was_used(clients: 
         "sub",
         "dave",
     )
+
+
+async def test_the_benchmarks_baseline_consumer_delivers_and_records_nothing(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    """`llmfleet bench usage` compares the worker's consumer with this one: it must differ only in the records."""
+    producer = Producer(clients["gateway"], QUEUE, "gw")
+    baseline = Consumer(clients["worker"], clients["worker"], QUEUE, "worker-1", record_usage=False)
+    await producer.ensure_groups(["tiny"])
+    queued = job("carol")
+    assert (await admit(producer, queued)).outcome == "admitted"
+    entries = await taken(baseline)
+    assert await run_and_deliver(baseline, entries[queued.id], queued, answer(10, 25)) == 1
+
+    admin = clients["llmfleet"]
+    assert json.loads(await admin.get(producer.keys.result(queued.id)))["status"] == 200
+    day = utc_day(queued.enqueued_ms)
+    assert await admin.exists(producer.keys.usage(day, "carol", "tiny"), producer.keys.usage_index(day)) == 0
+    assert await spend(admin, queued) == [{}, {}]
+
+
+def test_the_usage_benchmark_runs_both_arms_against_a_real_redis(tmp_path: Path) -> None:
+    """A short run of the command scripts/bench.sh runs: it starts its own redis-server and writes its figures."""
+    out = tmp_path / "usage.json"
+    finished = subprocess.run(
+        [sys.executable, "-m", "llmfleet", "bench", "usage", "--rounds", "2", "--requests", "100", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "CPU a request to the whole path" in finished.stdout
+    figures = json.loads(out.read_text())
+    assert [r["arm"] for r in figures["rounds"]] == ["records", "baseline", "baseline", "records"]
+    for measured in figures["rounds"]:
+        assert measured["requests"] == 100
+        assert measured["client_cpu_s"] > 0 and measured["redis_cpu_s"] > 0 and measured["scripts_s"] > 0
