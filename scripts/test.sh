@@ -136,13 +136,44 @@ status_dir=$log_dir/.status
 rm -rf "$status_dir" && mkdir -p "$status_dir"
 run_started=$(date +%s)
 
-# Runs one stage into its log and records "STATUS SECONDS" in $status_dir.
+# The machine's CPU time so far, from /proc/stat's first line: "BUSY IOWAIT TOTAL" in clock ticks, all cores.
+cpu_ticks() {
+  local _cpu user nice system idle iowait irq softirq steal _rest
+  read -r _cpu user nice system idle iowait irq softirq steal _rest </proc/stat
+  echo "$((user + nice + system + irq + softirq + steal)) $iowait $((user + nice + system + idle + iowait + irq + softirq + steal))"
+}
+# "busy B% iowait W%": the share of all cores' time between two cpu_ticks readings. It tells whether a
+# stage left cores idle that another could use (issue 28's question), whoever ran beside it.
+cpu_share() {
+  local busy0 wait0 total0 busy1 wait1 total1
+  read -r busy0 wait0 total0 <<<"$1"
+  read -r busy1 wait1 total1 <<<"$2"
+  local total=$((total1 - total0 > 0 ? total1 - total0 : 1))
+  echo "busy $((100 * (busy1 - busy0) / total))% iowait $((100 * (wait1 - wait0) / total))%"
+}
+# The whole run's CPU use every 10 s, in $log_dir/cpu.log, to line up with the stages' stamped logs.
+cpu_timeline() {
+  local last now
+  last=$(cpu_ticks)
+  while sleep 10; do
+    now=$(cpu_ticks)
+    printf '%(%H:%M:%S)T %s\n' -1 "$(cpu_share "$last" "$now")"
+    last=$now
+  done
+}
+cpu_timeline >"$log_dir/cpu.log" &
+cpu_timeline_pid=$!
+trap 'kill "$cpu_timeline_pid" 2>/dev/null' EXIT
+run_cpu_started=$(cpu_ticks)
+
+# Runs one stage into its log and records "STATUS SECONDS CPU-SHARE" in $status_dir.
 run_stage() {
-  local stage=$1 started status
+  local stage=$1 started status cpu_started
   started=$(date +%s)
+  cpu_started=$(cpu_ticks)
   echo "--- $stage (log: $log_dir/$stage.log)"
   if "$stage" 2>&1 | stamp_lines >"$log_dir/$stage.log"; then status=PASS; else status=FAIL; fi
-  echo "$status $(($(date +%s) - started))" >"$status_dir/$stage"
+  echo "$status $(($(date +%s) - started)) $(cpu_share "$cpu_started" "$(cpu_ticks)")" >"$status_dir/$stage"
   echo "--- $stage: $status"
 }
 
@@ -174,7 +205,7 @@ wait_stage lab
 summary=() failed=0 passed=0
 for stage in prepare prepare_engines "${all_stages[@]}"; do
   [[ -f $status_dir/$stage ]] || continue
-  read -r status seconds <"$status_dir/$stage"
+  read -r status seconds cpu <"$status_dir/$stage"
   if [[ $status == PASS ]]; then
     passed=$((passed + 1))
   else
@@ -184,17 +215,18 @@ for stage in prepare prepare_engines "${all_stages[@]}"; do
   fi
   note=""
   if ((seconds > ${budget_s[$stage]})); then note="  OVER its budget of ${budget_s[$stage]}s"; fi
-  summary+=("$(printf '%-16s %s %5ss%s' "$stage" "$status" "$seconds" "$note")")
+  summary+=("$(printf '%-16s %s %5ss  cpu %-22s%s' "$stage" "$status" "$seconds" "$cpu" "$note")")
 done
 total=$(($(date +%s) - run_started))
 
 echo
 echo "=== llmfleet test summary (logs: $log_dir/; budgets and measured runs: docs/testing.md)"
-echo "the prepare parts run beside lint, unit and molecule_roles, integration beside lab: stage times overlap"
+echo "the prepare parts run beside lint, unit and molecule_roles, integration beside lab: stage times overlap;"
+echo "cpu: the share of both cores' time used while the stage ran, by it and whatever ran beside it ($log_dir/cpu.log: every 10 s)"
 printf '%s\n' "${summary[@]}"
 if ((total > total_budget_s)); then
   echo "WARNING: the run took ${total}s, over ${total_budget_s}s (45 minutes, half of CI's limit)"
 fi
-printf 'total %ss (%d min) after bootstrap\n' "$total" "$((total / 60))"
+printf 'total %ss (%d min) after bootstrap, cpu %s\n' "$total" "$((total / 60))" "$(cpu_share "$run_cpu_started" "$(cpu_ticks)")"
 echo "stages: $passed passed, $failed failed"
 ((failed == 0))
