@@ -56,7 +56,7 @@ from jwt.exceptions import (
 from redis.exceptions import RedisError
 
 from llmfleet.serve.gateway.config import MIN_HMAC_SECRET_LENGTH, GatewaySettings
-from llmfleet.serve.gateway.errors import APIError, queue_unavailable, unauthorized
+from llmfleet.serve.gateway.errors import APIError, queue_error, queue_unavailable, unauthorized
 from llmfleet.serve.queue.config import PLACEHOLDERS, SettingsError, read_secret_file
 from llmfleet.serve.queue.keys import Keys
 
@@ -265,8 +265,8 @@ class Verifier:
                 raise queue_unavailable()
             try:
                 revoked = bool(await redis.exists(revoked_key(self.keys, token_id)))
-            except RedisError:
-                raise queue_unavailable() from None
+            except RedisError as error:
+                raise queue_error(error) from None
         if revoked:
             self._cache.pop(token, None)
             if token_id not in self._revoked:

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -96,13 +97,37 @@ def queue_unavailable() -> APIError:
     )
 
 
+def gateway_busy() -> APIError:
+    return APIError(
+        503,
+        "the gateway has no free connection to the queue right now; retry shortly",
+        "server_error",
+        "gateway_busy",
+        headers={"Retry-After": "1"},
+    )
+
+
+def pool_exhausted(error: RedisError) -> bool:
+    """Whether the error is this process's Redis pool, all of whose connections stayed busy, not Redis itself.
+
+    redis-py's BlockingConnectionPool (RedisSettings.client) raises ConnectionError("No connection available.")
+    from the asyncio timeout of its wait for a free connection; Redis may be perfectly healthy.
+    """
+    return isinstance(error, RedisConnectionError) and isinstance(error.__cause__, TimeoutError)
+
+
+def queue_error(error: RedisError) -> APIError:
+    """The client's 503 for a Redis error: gateway_busy when the pool ran out, queue_unavailable otherwise."""
+    return gateway_busy() if pool_exhausted(error) else queue_unavailable()
+
+
 @contextlib.contextmanager
 def queue_errors_as_503() -> Iterator[None]:
-    """A Redis error inside becomes the client's 503 queue_unavailable (with Retry-After)."""
+    """A Redis error inside becomes the client's 503 (queue_error), with Retry-After."""
     try:
         yield
-    except RedisError:
-        raise queue_unavailable() from None
+    except RedisError as error:
+        raise queue_error(error) from None
 
 
 async def api_error_handler(request: Request, error: Exception) -> JSONResponse:

@@ -26,7 +26,7 @@ class GatewayMetrics(MetricSet):
         self.rejected = self.counter(
             "llmfleet_gateway_rejected",
             "Requests refused before queueing, by reason (auth, forbidden, invalid, context_length, rate_limit,"
-            " budget, concurrency, queue_full, no_engine, redis)",
+            " budget, concurrency, queue_full, no_engine, redis, busy: no free connection in the Redis pool)",
             ["reason"],
         )
         self.prompt_tokens = self.histogram(
