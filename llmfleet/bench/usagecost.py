@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     # Here, not at the top: it imports redis, which `llmfleet --help` must not need (test_cli_imports.py).
     from llmfleet.bench import usagerun
 
-    rounds, python_ms = asyncio.run(usagerun.run(args.rounds, args.requests))
+    readings, python_ms = asyncio.run(usagerun.run(args.rounds, args.requests))
+    rounds = [Round(*reading) for reading in readings]
     summary = summarize(rounds, python_ms)
     document: dict[str, Any] = {
         "rounds": [

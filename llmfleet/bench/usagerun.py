@@ -5,7 +5,9 @@ redis role's persistence (AOF, fsync every second), stopped at the end; the
 rounds of both arms against it, in pairs (ABBA); and the worker's Python that
 differs between the arms, timed on its own. Kept apart from usagecost.py because
 it needs the service libraries (redis), which no `llmfleet` command may import
-before it runs (tests/unit/test_cli_imports.py).
+before it runs (tests/unit/test_cli_imports.py); usagecost.py imports it when the
+command runs, so this module hands back plain readings (Reading) rather than
+usagecost's Round, and imports nothing of it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import redis
 import redis.asyncio as aioredis
 
 from llmfleet.bench.peers import free_loopback_port
-from llmfleet.bench.usagecost import Round
 from llmfleet.errors import LlmfleetError
 from llmfleet.serve.queue.config import QueueSettings
 from llmfleet.serve.queue.consumer import Consumer, Entry
 from llmfleet.serve.queue.jobs import Job, Result, now_ms
 from llmfleet.serve.queue.producer import Producer
+
+# One round's reading: (arm, requests, this process's CPU s, redis-server's CPU s, s inside the scripts).
+Reading = tuple[str, int, float, float, float]
 
 MODEL = "tiny"
 # Subjects the requests cycle through: one usage record each per day and model, as a site's keys would have.
@@ -159,7 +163,7 @@ def python_cost(consumer: Consumer, baseline: Consumer, repeat: int = 20_000) ->
     return max(per_call(consumer) - per_call(baseline), 0.0)
 
 
-async def measure(client: aioredis.Redis, rounds: int, per_round: int) -> tuple[list[Round], float]:
+async def measure(client: aioredis.Redis, rounds: int, per_round: int) -> tuple[list[Reading], float]:
     settings = QueueSettings(prefix="llmfleet-bench", max_depth=per_round + 10)
     producer = Producer(client, settings, "bench-gateway")
     arms = {
@@ -173,7 +177,7 @@ async def measure(client: aioredis.Redis, rounds: int, per_round: int) -> tuple[
     for consumer in arms.values():
         for number in range(min(per_round, 200)):
             await _one_request(producer, consumer, number)
-    measured: list[Round] = []
+    measured: list[Reading] = []
     for pair in range(rounds):
         # Each pair in the other order than the last (ABBA), so that neither arm always runs on fuller Redis.
         for arm in ("records", "baseline") if pair % 2 == 0 else ("baseline", "records"):
@@ -183,11 +187,11 @@ async def measure(client: aioredis.Redis, rounds: int, per_round: int) -> tuple[
                 await _one_request(producer, arms[arm], number)
             client_cpu = time.process_time() - client_before
             redis_cpu, scripts = await _redis_cpu_s(client) - redis_before, await _scripts_s(client) - scripts_before
-            measured.append(Round(arm, per_round, client_cpu, redis_cpu, scripts))
+            measured.append((arm, per_round, client_cpu, redis_cpu, scripts))
     return measured, python_cost(arms["records"], arms["baseline"])
 
 
-async def run(rounds: int, per_round: int) -> tuple[list[Round], float]:
+async def run(rounds: int, per_round: int) -> tuple[list[Reading], float]:
     """Both arms' rounds, and what the records add to the worker's Python (ms a request)."""
     with tempfile.TemporaryDirectory(prefix="llmfleet-bench-usage-") as workdir, redis_server(Path(workdir)) as client:
         try:

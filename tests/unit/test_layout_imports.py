@@ -33,7 +33,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "build": ("base",),
     "lab": ("base", "module_utils", "build"),
     "ops": ("base", "module_utils", "serve", "build", "lab"),
-    "bench": ("base", "module_utils", "build", "lab", "ops"),
+    "bench": ("base", "module_utils", "serve", "build", "lab", "ops"),
     "cli": ("base", "module_utils", "serve", "build", "lab", "ops", "bench"),
 }
 RULE_ROW = re.compile(r"^\| `([a-z_]+)` \| ([^|\n]*?) \|", re.MULTILINE)
