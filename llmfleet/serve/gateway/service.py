@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from llmfleet.serve.gateway import ratelimit
 from llmfleet.serve.gateway.auth import Principal, forbidden_model
 from llmfleet.serve.gateway.deps import AppState
-from llmfleet.serve.gateway.errors import APIError, gateway_busy, pool_exhausted, queue_unavailable, shaped
+from llmfleet.serve.gateway.errors import APIError, pool_exhausted, queue_error, shaped
 from llmfleet.serve.gateway.idempotency import DESCRIPTION as IDEMPOTENCY_DESCRIPTION
 from llmfleet.serve.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from llmfleet.serve.gateway.idempotency import PATTERN as IDEMPOTENCY_PATTERN
@@ -246,15 +246,17 @@ def _rejected(state: AppState, reason: str, error: APIError) -> APIError:
 
 
 def _queue_unavailable(state: AppState, error: RedisError) -> APIError:
-    if pool_exhausted(error):
+    """The refusal for a Redis error at admission: queue_error's 503, counted and logged by its cause."""
+    busy = pool_exhausted(error)
+    if busy:
         # Redis may be healthy: every connection of this gateway's pool stayed busy past its wait.
         log.warning(
             "no free Redis connection: all %d of the pool (LLMFLEET_REDIS_MAX_CONNECTIONS) stayed busy past its wait",
             state.redis.connection_pool.max_connections,
         )
-        return _rejected(state, "busy", gateway_busy())
-    log.warning("queue unavailable: %s", error)
-    return _rejected(state, "redis", queue_unavailable())
+    else:
+        log.warning("queue unavailable: %s", error)
+    return _rejected(state, "busy" if busy else "redis", queue_error(error))
 
 
 async def _wait_disconnect(request: Request) -> None:

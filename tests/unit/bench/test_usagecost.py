@@ -35,7 +35,7 @@ def test_the_cost_is_the_median_of_the_pairs_differences_not_of_the_arms_medians
     ]
     summary = summarize(rounds, python_cost_ms=0.001)
     assert summary.cost_ms == pytest.approx(0.03)
-    assert summary.path_difference_quartiles_ms == pytest.approx((0.03, 0.03))
+    assert summary.cost_quartiles_ms == pytest.approx((0.03, 0.03))
     assert summary.scripts_cost_ms == pytest.approx(0.03)
     assert summary.records_ms == pytest.approx(1.23)
     assert summary.baseline_ms == pytest.approx(1.20)
@@ -48,7 +48,7 @@ def test_a_disturbed_pair_moves_the_quartiles_not_the_median() -> None:
     rounds = [r for d in differences for r in (round_of("records", 1 + d, 0.1), round_of("baseline", 1, 0.1))]
     summary = summarize(rounds, python_cost_ms=0.0)
     assert summary.cost_ms == pytest.approx(0.035)
-    low, high = summary.path_difference_quartiles_ms
+    low, high = summary.cost_quartiles_ms
     assert low < summary.cost_ms < high
     assert high > 0.04
 
