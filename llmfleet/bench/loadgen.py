@@ -185,7 +185,8 @@ class Target:
     A minimal client on purpose: on the 2-core machine the benchmark shares with
     the stack, a general-purpose async HTTP client spends about a core at
     100 req/s, which the stack under test then lacks. The request's bytes are
-    built once; a response needs only its status, its body (Content-Length or
+    built once (a multi-turn conversation frames each turn's body with
+    `framed`); a response needs only its status, its body (Content-Length or
     chunked) and whether the connection stays open; with `stream`, also when
     the first chunk with generated text arrived.
     """
@@ -199,14 +200,22 @@ class Target:
         self.host, self.port = parts.hostname, parts.port or 80
         head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json"]
         head += [f"{name}: {value}" for name, value in headers.items()]
-        head.append(f"Content-Length: {len(body)}")
-        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self.head = "\r\n".join(head).encode()
+        self.request = self.framed(body)
         self.idle: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []  # (since, ...), newest last
         self.slots = asyncio.Semaphore(max_connections)
         self.watch = GENERATED_TEXT if stream else None
 
-    async def post(self) -> tuple[int, bytes, float | None]:
-        """(status, body, when the first generated text arrived: streams only, else None)."""
+    def framed(self, body: bytes) -> bytes:
+        """The whole request, head and body, for `body`."""
+        return self.head + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+    async def post(self, request: bytes | None = None) -> tuple[int, bytes, float | None]:
+        """(status, body, when the first generated text arrived: streams only, else None).
+
+        request: a request framed by `framed` (a conversation's turn); the target's own one by default.
+        """
+        request = self.request if request is None else request
         async with self.slots:
             while self.idle:
                 since, reader, writer = self.idle.pop()
@@ -214,16 +223,16 @@ class Target:
                     writer.close()
                     continue
                 try:
-                    return await self._exchange(reader, writer)
+                    return await self._exchange(reader, writer, request)
                 except ClosedBeforeAnswer:
                     break  # the server closed it as we sent (its keep-alive timeout): a new one
-            return await self._exchange(*await asyncio.open_connection(self.host, self.port))
+            return await self._exchange(*await asyncio.open_connection(self.host, self.port), request)
 
     async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
     ) -> tuple[int, bytes, float | None]:
         try:
-            writer.write(self.request)
+            writer.write(request)
             status, body, keep, first = await _read_response(reader, self.watch)
         except BaseException:
             writer.close()

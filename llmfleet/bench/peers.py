@@ -28,7 +28,8 @@ How each is configured, for the least overhead its docs recommend:
   engines are one model group (`hosted_vllm/<model>` deployments under one
   name), spread by LiteLLM's default routing (`simple-shuffle`).
 - vllm-router (from its `--help`): `--policy round_robin` over
-  `--worker-urls` (its default is cache_aware), its log at warning, its
+  `--worker-urls` (its default is cache_aware, which `bench multiturn` runs
+  as a path of its own, with its other settings at their defaults), its log at warning, its
   Prometheus listener on a free loopback port (it always opens one), and
   the start-up check of the engines every second instead of every 30 s.
 
@@ -65,6 +66,10 @@ log = logging.getLogger(__name__)
 
 LITELLM = "litellm"
 VLLM_ROUTER = "vllm-router"
+# vllm-router's policies the benchmarks use: round robin (compare; the
+# multi-turn floor) and its prefix-tree routing (the multi-turn peer).
+ROUND_ROBIN = "round_robin"
+CACHE_AWARE = "cache_aware"
 REQUIREMENTS = REPO_ROOT / "requirements"
 
 # What every peer's environment gets: nothing leaves the machine, and the
@@ -206,13 +211,15 @@ def litellm_command(venv: Path, config: Path, port: int, workers: int) -> list[s
     ]  # fmt: skip
 
 
-def router_command(venv: Path, engines: Sequence[str], port: int, metrics_port: int) -> list[str]:
+def router_command(
+    venv: Path, engines: Sequence[str], port: int, metrics_port: int, policy: str = ROUND_ROBIN
+) -> list[str]:
     return [
         str(venv / "bin" / "vllm-router"),
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *(engine.rstrip("/") for engine in engines),
-        "--policy", "round_robin",
+        "--policy", policy,
         "--log-level", "warning",
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(metrics_port),
@@ -308,12 +315,14 @@ def start_peer(
     venv: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
     engine_key: str = "",
+    router_policy: str = ROUND_ROBIN,
 ) -> RunningPeer:
     """Start peer `name` in front of `engines` on a free loopback port; return once its health endpoint answers.
 
     engine_key is the engines' API key, when they take one: LiteLLM gets it in
     its config, and vllm-router's clients send it (the router passes a
-    request's Authorization on to the engine).
+    request's Authorization on to the engine). router_policy is vllm-router's
+    --policy.
 
     Its log (and LiteLLM's config, mode 0600: it holds the master key and
     the engines' key) go to workdir. Fails fast if it exits, and after startup_timeout_s otherwise,
@@ -338,7 +347,7 @@ def start_peer(
         env.update(LITELLM_ENV)
         headers.update(bearer(master_key))
     else:
-        command = router_command(venv, engines, port, free_loopback_port())
+        command = router_command(venv, engines, port, free_loopback_port(), router_policy)
         headers.update(bearer(engine_key))
     log_path = workdir / f"{name}.log"
     url = f"http://127.0.0.1:{port}"

@@ -156,14 +156,15 @@ def test_the_ladder_goes_on_past_its_rates_only_under_saturate_and_stops_at_satu
 
         return load
 
-    rows = compare.run_ladder(_args(saturate=0), [10, 20], keeps_up_to(1000))
+    rows = compare.run_ladder(_args(saturate=0), [10, 20], keeps_up_to(1000), compare.saturated)
     assert [row.rate for row in rows] == [10, 20]
     # Half again each time: 30, 45, 67.5; saturated at 67.5 (60 answered of 67.5 offered), so no more.
-    rows = compare.run_ladder(_args(saturate=5), [10, 20], keeps_up_to(60))
+    rows = compare.run_ladder(_args(saturate=5), [10, 20], keeps_up_to(60), compare.saturated)
     assert [row.rate for row in rows] == [10, 20, 30, 45, 67.5]
     assert [compare.saturated(row) for row in rows] == [False, False, False, False, True]
     # The extra rates stop at --saturate even before saturation.
-    assert [row.rate for row in compare.run_ladder(_args(saturate=2), [10, 20], keeps_up_to(1000))] == [10, 20, 30, 45]
+    rows = compare.run_ladder(_args(saturate=2), [10, 20], keeps_up_to(1000), compare.saturated)
+    assert [row.rate for row in rows] == [10, 20, 30, 45]
 
 
 def test_errors_or_falling_behind_mark_a_rate_saturated() -> None:
