@@ -224,10 +224,8 @@ if step multiturn; then
       --token-file "$workdir/token" --rates "$multiturn_rates" --saturate 4 --duration 20 \
       --out out/bench/multiturn.json "$@"
   }
-  single_turn() {  # the single-turn gateway row under the policy the workers run
-    llmfleet bench compare "${engine_urls[@]}" "${engine_key[@]}" --gateway-url "http://$address" \
-      --token-file "$workdir/token" --paths gateway --rates "$rates" --saturate 3 --duration 20 \
-      --out "out/bench/compare-policy-$1.json"
+  single_turn() {  # the single-turn gateway row of the peers step, under the policy the workers run
+    compare --paths gateway --out "out/bench/compare-policy-$1.json"
   }
   use_policy least_outstanding
   echo "--- multiturn: direct, vllm-router (round_robin, cache_aware), gateway (least_outstanding)"

@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from llmfleet.bench import cpuuse
@@ -177,6 +177,8 @@ def summarize(
 
 
 Send = Callable[[float], Coroutine[Any, Any, Sample]]
+# What open_loop's `send` returns for one due time: a sample, or a whole conversation's turns (bench multiturn).
+Outcome = TypeVar("Outcome")
 
 
 class Target:
@@ -311,27 +313,40 @@ def streamed_completion_tokens(body: bytes) -> int:
     raise ValueError("the stream holds no usage event")
 
 
+async def exchange(target: Target, due: float, request: bytes | None = None) -> tuple[Sample, bytes]:
+    """One request to target (its own, or `request`) and its answer, timed from `due`.
+
+    (sample, body): the sample's outcome is "ok" for a 200, whose body the
+    caller still has to judge (its tokens are not counted yet), or says what
+    failed: "timeout", the error's class, or the HTTP status, with b"" for body.
+    """
+    try:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            status, body, first = await target.post(request)
+    except TimeoutError:
+        return Sample(due, time.perf_counter(), "timeout"), b""
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
+        return Sample(due, time.perf_counter(), type(error).__name__), b""
+    done = time.perf_counter()
+    if status != 200:
+        return Sample(due, done, str(status)), b""
+    return Sample(due, done, "ok", 0, first), body
+
+
 def sender(targets: list[Target]) -> Send:
     """A coroutine function that sends one request (to the targets in turn): its sample, from `due` (perf_counter)."""
     turn = itertools.cycle(targets)
 
     async def send(due: float) -> Sample:
         target = next(turn)
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                status, body, first = await target.post()
-        except TimeoutError:
-            return Sample(due, time.perf_counter(), "timeout")
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
-            return Sample(due, time.perf_counter(), type(error).__name__)
-        done = time.perf_counter()
-        if status != 200:
-            return Sample(due, done, str(status))
+        sample, body = await exchange(target, due)
+        if sample.outcome != "ok":
+            return sample
         try:
             tokens = streamed_completion_tokens(body) if target.watch is not None else completion_tokens(body)
         except (ValueError, KeyError, TypeError):
-            return Sample(due, done, "bad-body")
-        return Sample(due, done, "ok", tokens, first)
+            return Sample(due, sample.done, "bad-body")
+        return Sample(due, sample.done, "ok", tokens, sample.first_token)
 
     return send
 
@@ -340,15 +355,18 @@ async def sleep_until(moment: float) -> None:
     await asyncio.sleep(max(0.0, moment - time.perf_counter()))
 
 
-async def open_loop(send: Send, rate: float, window_start: float, window_end: float) -> list[Sample]:
+async def open_loop(
+    send: Callable[[float], Coroutine[Any, Any, Outcome]], rate: float, window_start: float, window_end: float
+) -> list[Outcome]:
     """Requests due every 1/rate s from now (the warm-up) through the window, and on until each one due in it is done.
 
     The schedule counts from the window's start, so the window holds
     ceil(rate * duration) requests and the warm-up round(rate * warm-up).
-    Returns every request's sample, the warm-up's and ramp-down's included.
+    Returns every request's sample, the warm-up's and ramp-down's included
+    (bench multiturn's `send` starts a conversation, and gets its turns).
     """
-    tasks: list[asyncio.Task[Sample]] = []
-    unfinished: set[asyncio.Task[Sample]] = set()  # of the requests due in the window
+    tasks: list[asyncio.Task[Outcome]] = []
+    unfinished: set[asyncio.Task[Outcome]] = set()  # of the requests due in the window
     for step in itertools.count(-round((window_start - time.perf_counter()) * rate)):
         due = window_start + step / rate
         await sleep_until(due)

@@ -25,7 +25,8 @@ A run's documents carry a fresh nonce, so one path's run does not warm the
 engines' caches for the next; the tenants' system prompts are the same in
 every run, as a real application's are warm.
 
-The load is an open loop of conversations: one starts every 1/rate s
+The load is an open loop of conversations (llmfleet.bench.loadgen.open_loop,
+each of its requests a conversation): one starts every 1/rate s
 (--rates, conversations per second, a ladder, then --saturate more rates
 each SATURATE_STEP times the last until the path falls behind), and each
 sends its next turn as soon as its last answer is in. A turn sent in the
@@ -64,7 +65,7 @@ import re
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,21 +189,15 @@ Pick = Callable[[], loadgen.Target]
 
 async def send_turn(target: loadgen.Target, body: bytes, due: float, number: int) -> tuple[Turn, str | None]:
     """One turn: its record, and the answer's text (None when it failed)."""
-    try:
-        async with asyncio.timeout(loadgen.REQUEST_TIMEOUT_S):
-            status, answer, first = await target.post(target.framed(body))
-    except TimeoutError:
-        return Turn(number, loadgen.Sample(due, time.perf_counter(), "timeout")), None
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:
-        return Turn(number, loadgen.Sample(due, time.perf_counter(), type(error).__name__)), None
-    done = time.perf_counter()
-    if status != 200:
-        return Turn(number, loadgen.Sample(due, done, str(status))), None
+    sample, answer = await loadgen.exchange(target, due, target.framed(body))
+    if sample.outcome != "ok":
+        return Turn(number, sample), None
     try:
         text, prompt_tokens, completion_tokens = streamed_answer(answer)
     except (ValueError, KeyError, TypeError):
-        return Turn(number, loadgen.Sample(due, done, "bad-body")), None
-    return Turn(number, loadgen.Sample(due, done, "ok", completion_tokens, first), prompt_tokens), text
+        return Turn(number, loadgen.Sample(due, sample.done, "bad-body")), None
+    answered = loadgen.Sample(due, sample.done, "ok", completion_tokens, sample.first_token)
+    return Turn(number, answered, prompt_tokens), text
 
 
 async def converse(workload: Workload, conversation: Conversation, pick: Pick, due: float) -> list[Turn]:
@@ -219,25 +214,6 @@ async def converse(workload: Workload, conversation: Conversation, pick: Pick, d
         messages.append({"role": "assistant", "content": text})
         due = time.perf_counter()
     return turns
-
-
-async def conversations(
-    start: Callable[[int, float], Any], rate: float, window_start: float, window_end: float
-) -> list[Turn]:
-    """Conversations started every 1/rate s from now through the window, and on until each started in it is done."""
-    tasks: list[asyncio.Task[list[Turn]]] = []
-    unfinished: set[asyncio.Task[list[Turn]]] = set()
-    for step in itertools.count(-round((window_start - time.perf_counter()) * rate)):
-        due = window_start + step / rate
-        await loadgen.sleep_until(due)
-        if due >= window_end and not unfinished:
-            break
-        task = asyncio.create_task(start(len(tasks), due))
-        tasks.append(task)
-        if window_start <= due < window_end:
-            unfinished.add(task)
-            task.add_done_callback(unfinished.discard)
-    return [turn for turns in await asyncio.gather(*tasks) for turn in turns]
 
 
 def cache_counters(text: str) -> tuple[float, float] | None:
@@ -347,15 +323,17 @@ async def measure(
     targets = [loadgen.Target(base.rstrip("/") + url, b"", headers, per_target, stream=True) for base in bases]
     turn = itertools.cycle(targets)
     nonce = f"{time.time_ns():x}"
+    numbers = itertools.count()
     started_in_window = 0
     window_start = time.perf_counter() + args.warmup
     window = (window_start, window_start + args.duration)
 
-    def start(number: int, due: float) -> Any:
+    def start(due: float) -> Coroutine[Any, Any, list[Turn]]:
+        """Conversation number n, the n-th the open loop starts."""
         nonlocal started_in_window
         if window[0] <= due < window[1]:
             started_in_window += 1
-        return converse(workload, plan_conversation(workload, nonce, number), lambda: next(turn), due)
+        return converse(workload, plan_conversation(workload, nonce, next(numbers)), lambda: next(turn), due)
 
     async def caches_at(moment: float) -> dict[str, tuple[float, float]]:
         await loadgen.sleep_until(moment)
@@ -366,7 +344,7 @@ async def measure(
         async with asyncio.TaskGroup() as group:
             before = group.create_task(caches_at(window[0]))
             after = group.create_task(caches_at(window[1]))
-            turns = await conversations(start, rate, *window)
+            turns = [turn for turns in await loadgen.open_loop(start, rate, *window) for turn in turns]
     finally:
         for target in targets:
             target.close()
@@ -382,7 +360,8 @@ def saturated(row: Row, turns: int) -> bool:
 def run_path(args: argparse.Namespace, workload: Workload, path: str, rates: list[float]) -> list[Row]:
     """Every rate of the ladder (and past it under --saturate) through one path; a peer is started first."""
     engines = [url.rstrip("/") for url in args.engine_url]
-    engine_auth = loadgen.bearer(loadgen.read_engine_key(args.engine_key_file, "--engine-key-file"))
+    engine_key = loadgen.read_engine_key(args.engine_key_file, "--engine-key-file")
+    engine_auth = loadgen.bearer(engine_key)
 
     def ladder(bases: list[str], headers: dict[str, str], label: str) -> list[Row]:
         return compare.run_ladder(
@@ -397,7 +376,6 @@ def run_path(args: argparse.Namespace, workload: Workload, path: str, rates: lis
     if path == GATEWAY:
         return ladder([args.gateway_url], loadgen.read_token(args.token_file), f"{GATEWAY}-{args.gateway_policy}")
     policy = peers.CACHE_AWARE if path == ROUTER_CACHE_AWARE else peers.ROUND_ROBIN
-    engine_key = loadgen.read_engine_key(args.engine_key_file, "--engine-key-file")
     peer = peers.start_peer(
         peers.VLLM_ROUTER,
         engines,
@@ -560,10 +538,11 @@ def run(args: argparse.Namespace) -> int:
         result = appended(json.loads(out.read_text()), result, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(rows_of(result), workload.turns))
+    saved = rows_of(result)  # this run's rows, and an earlier run's under --append
+    print(table(saved, workload.turns))
     print(f"multiturn: written to {out}")
     if args.plots:
-        print(f"multiturn: figure {write_figure(rows_of(result), workload, Path(args.plots))}")
+        print(f"multiturn: figure {write_figure(saved, workload, Path(args.plots))}")
     if all(row.report.ok == 0 for row in rows):
         raise LlmfleetError("no turn was answered on any path: are the engines up? (see the errors above)")
     return 0
