@@ -357,6 +357,11 @@ def saturated(row: Row, turns: int) -> bool:
     return row.report.throughput_rps < compare.SATURATED * row.rate * turns or bool(row.report.errors)
 
 
+def row_label(path: str, args: argparse.Namespace) -> str:
+    """A path's label in the rows: the gateway's names the workers' policy."""
+    return f"{GATEWAY}-{args.gateway_policy}" if path == GATEWAY else path
+
+
 def run_path(args: argparse.Namespace, workload: Workload, path: str, rates: list[float]) -> list[Row]:
     """Every rate of the ladder (and past it under --saturate) through one path; a peer is started first."""
     engines = [url.rstrip("/") for url in args.engine_url]
@@ -374,7 +379,7 @@ def run_path(args: argparse.Namespace, workload: Workload, path: str, rates: lis
     if path == DIRECT:
         return ladder(engines, engine_auth, path)
     if path == GATEWAY:
-        return ladder([args.gateway_url], loadgen.read_token(args.token_file), f"{GATEWAY}-{args.gateway_policy}")
+        return ladder([args.gateway_url], loadgen.read_token(args.token_file), row_label(path, args))
     policy = peers.CACHE_AWARE if path == ROUTER_CACHE_AWARE else peers.ROUND_ROBIN
     peer = peers.start_peer(
         peers.VLLM_ROUTER,
@@ -430,23 +435,40 @@ def document(args: argparse.Namespace, workload: Workload, rows: list[Row], argv
     }
 
 
-def appended(earlier: dict[str, Any], later: dict[str, Any], source: Path) -> dict[str, Any]:
-    """The earlier run's document with the later run's rows added: only for the same workload and engines."""
+def check_appendable(earlier: dict[str, Any], later: dict[str, Any], labels: Sequence[str], source: Path) -> None:
+    """Refuse to add rows labelled `labels` of the run `later` to `earlier`: another workload, window or engines,
+    or a label it already holds."""
     for key in ("workload", "window", "engines"):
         if earlier.get(key) != later[key]:
             raise LlmfleetError(
                 f"--append: {source} was run with another {key} ({earlier.get(key)}, this run {later[key]});"
                 " rows of different runs would not compare: write to another --out"
             )
-    paths = {row["path"] for row in earlier.get("rows", [])}
-    again = sorted(paths & {row["path"] for row in later["rows"]})
+    again = sorted({row["path"] for row in earlier.get("rows", [])} & set(labels))
     if again:
         raise LlmfleetError(f"--append: {source} already holds rows of {', '.join(again)}")
+
+
+def appended(earlier: dict[str, Any], later: dict[str, Any], source: Path) -> dict[str, Any]:
+    """The earlier run's document with the later run's rows added: only for the same workload and engines."""
+    check_appendable(earlier, later, [row["path"] for row in later["rows"]], source)
     return {
         **later,
         "commands": [*earlier.get("commands", []), *later["commands"]],
         "rows": [*earlier["rows"], *later["rows"]],
     }
+
+
+def read_appendable(args: argparse.Namespace, workload: Workload, paths: Sequence[str], out: Path) -> dict[str, Any]:
+    """--append's earlier document, checked before any load: a run that could not be added would be lost."""
+    try:
+        earlier: dict[str, Any] = json.loads(out.read_text())
+    except FileNotFoundError:
+        raise LlmfleetError(f"--append: {out} does not exist; run without --append first") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise LlmfleetError(f"--append: cannot read {out} ({error}): give the file bench multiturn wrote") from None
+    check_appendable(earlier, document(args, workload, [], []), [row_label(path, args) for path in paths], out)
+    return earlier
 
 
 def rows_of(saved: dict[str, Any]) -> list[Row]:
@@ -524,9 +546,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cpus is not None:
         peers.parse_cpus(args.cpus)
     out = Path(args.out)
-    if args.append and not out.is_file():
-        raise LlmfleetError(f"--append: {out} does not exist; run without --append first")
     workload = Workload(args.turns, args.system_words, args.document_words, args.max_tokens, args.model, args.seed)
+    earlier = read_appendable(args, workload, paths, out) if args.append else None
     if ROUTER in paths or ROUTER_CACHE_AWARE in paths:
         peers.ensure_peer_venv(peers.PEERS[ROUTER])  # before any load, so a failed build costs no run
     rows: list[Row] = []
@@ -534,8 +555,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"multiturn: {path} at {', '.join(f'{rate:g}' for rate in rates)} conversations/s", flush=True)
         rows.extend(run_path(args, workload, path, rates))
     result = document(args, workload, rows, sys.argv[1:])
-    if args.append:
-        result = appended(json.loads(out.read_text()), result, out)
+    if earlier is not None:
+        result = appended(earlier, result, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     saved = rows_of(result)  # this run's rows, and an earlier run's under --append

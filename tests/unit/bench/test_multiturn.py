@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from llmfleet.bench import loadgen
+from llmfleet.bench import loadgen, multiturn
 from llmfleet.bench.loadgen import Report, Sample
 from llmfleet.bench.multiturn import (
     TENANTS,
@@ -467,3 +467,28 @@ def test_a_conversation_stops_at_its_first_failed_turn() -> None:
     assert len(bodies) == 2
     assert [(turn.number, turn.sample.outcome) for turn in turns] == [(0, "ok"), (1, "500")]
     assert (turns[1].prompt_tokens, turns[1].sample.first_token) == (0, None)
+
+
+def _parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    multiturn.register(parser.add_subparsers())
+    return parser.parse_args(["multiturn", *argv])
+
+
+def test_append_is_checked_before_any_load(tmp_path: Path) -> None:
+    # The engine URL answers nothing: a run that got as far as loading it would fail otherwise, not on the file.
+    out = tmp_path / "multiturn.json"
+    engine = ["--engine-url", "http://127.0.0.1:9", "--paths", "direct", "--duration", "30", "--warmup", "5"]
+    args = _parsed(*engine, "--turns", "3", "--append", "--out", str(out))
+    with pytest.raises(LlmfleetError, match="does not exist; run without --append first"):
+        multiturn.run(args)
+    out.write_text("not json")
+    with pytest.raises(LlmfleetError, match=r"cannot read .*give the file bench multiturn wrote"):
+        multiturn.run(args)
+    out.write_text(json.dumps(_document([_row("vllm-router", 2.0, 8.0)], engine_url=["http://127.0.0.1:9"])))
+    with pytest.raises(LlmfleetError, match="another workload"):
+        multiturn.run(args)
+    out.write_text(json.dumps(_document([_row("direct", 2.0, 8.0)], engine_url=["http://127.0.0.1:9"])))
+    with pytest.raises(LlmfleetError, match="already holds rows of direct"):
+        multiturn.run(_parsed(*engine, "--turns", "4", "--append", "--out", str(out)))
+    assert json.loads(out.read_text())["rows"][0]["path"] == "direct"  # the earlier document is left as it was
