@@ -186,24 +186,31 @@ return out
 #       (lanes.fair_turns), the lower lanes to try, in order.
 # Each fair turn takes one entry from the first of its lanes with work; the
 # rest of count is taken highest lane first. A lane's streams are read in turn
-# from ARGV[5] on.
+# from ARGV[5] on. A stream that gave fewer entries than asked has no more new
+# ones until the script ends (nothing else runs meanwhile): it is not read
+# again, so a take that finds the lanes empty costs one XREADGROUP per stream,
+# not one per fair turn and lane.
 # Returns {{lane index, model index (both 1-based), entry id, {field, value, ...}}, ...}.
 TAKE = """
 local out = {}
 local want = tonumber(ARGV[3])
 local per_lane, first = tonumber(ARGV[4]), tonumber(ARGV[5])
+local drained = {}
 local function read(lane, n)
   local got = 0
   for k = 0, per_lane - 1 do
     if got >= n then break end
     local model = (first + k) % per_lane + 1
-    local key = KEYS[(lane - 1) * per_lane + model]
-    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - got, 'STREAMS', key, '>')
-    if r then
-      for _, e in ipairs(r[1][2]) do
+    local index = (lane - 1) * per_lane + model
+    if not drained[index] then
+      local asked = n - got
+      local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', asked, 'STREAMS', KEYS[index], '>')
+      local entries = r and r[1][2] or {}
+      for _, e in ipairs(entries) do
         table.insert(out, {lane, model, e[1], e[2]})
-        got = got + 1
       end
+      got = got + #entries
+      if #entries < asked then drained[index] = true end
     end
   end
   return got

@@ -133,6 +133,34 @@ async def test_one_take_of_many_mixes_in_the_fair_turns(
     assert first_high in {e.entry_id for e in entries}
 
 
+def xreadgroup_calls(redis_server: RedisServer) -> int:
+    with redis_server.client() as admin:
+        stats: dict[str, Any] = admin.info("commandstats")
+    return int(stats.get("cmdstat_xreadgroup", {}).get("calls", 0))
+
+
+async def test_a_take_reads_each_stream_at_most_once_when_it_runs_dry(
+    clients: dict[str, aioredis.Redis], redis_server: RedisServer
+) -> None:
+    # A worker with many free slots asks for many entries: with every lane empty, the fair turns used to read
+    # the lower lanes again on every turn (2 reads a turn, a turn every 4 entries: 33 reads for 64 slots).
+    settings = QueueSettings(prefix=PREFIX, lower_lane_every=4)
+    producer, consumer = await started(settings, clients, models=("tiny", "other"))
+    streams = len(settings.lanes) * 2
+    before = xreadgroup_calls(redis_server)
+    assert await consumer.take(64) == []
+    assert xreadgroup_calls(redis_server) - before == streams
+    # Two high and one low entry of one model, 64 asked: all three, the low one by the first fair turn. Each
+    # stream is read until it gives fewer entries than asked, then never again: once each, and once more for
+    # the low stream, whose first read gave the one entry its turn asked for (it could have held more).
+    for lane in ("high", "high", "low"):
+        assert (await admit(producer, lane)).outcome == "admitted"
+    before = xreadgroup_calls(redis_server)
+    taken = await consumer.take(64)
+    assert sorted(entry.lane for entry in taken) == ["high", "high", "low"]
+    assert xreadgroup_calls(redis_server) - before == streams + 1
+
+
 async def test_a_worker_takes_only_the_models_it_follows(clients: dict[str, aioredis.Redis]) -> None:
     settings = QueueSettings(prefix=PREFIX)
     producer, tiny_worker = await started(settings, clients)

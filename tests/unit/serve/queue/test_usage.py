@@ -52,6 +52,7 @@ def test_a_request_counts_on_the_utc_day_and_month_it_was_admitted() -> None:
     assert utc_day(late) == "2026-12-31"
     assert utc_month(late) == "2026-12"
     assert utc_day(late + 1) == "2027-01-01"
+    assert utc_month(late + 1) == "2027-01"
     assert spend_keys(KEYS, "alice", late) == ("llmfleet:spend:d:2026-12-31:alice", "llmfleet:spend:m:2026-12:alice")
 
 
