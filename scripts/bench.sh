@@ -25,19 +25,24 @@
 #      gateway with the workers' least_outstanding policy, then with
 #      prefix_affinity (the lab's workers switched by playbooks/gateway.yml,
 #      and back to the inventory's policy on exit); under each policy also the
-#      single-turn gateway row of step 4 (out/bench/compare-policy-*.json).
-# Steps 1 to 5 and 8 need the lab (brought up when asked for); 6 and 7 run outside it.
+#      single-turn gateway row of step 4 (out/bench/compare-policy-*.json),
+#   9. profile: where the gateway side's CPU goes, at LLMFLEET_BENCH_PROFILE_RATE
+#      req/s (default 150, about where the lab's gateway saturates): py-spy's
+#      samples of the gateway and each worker (a flame graph each, CPU by layer)
+#      and the Redis commands per answer from redis1's INFO commandstats
+#      (out/bench/profile.json, out/bench/profile/).
+# Steps 1 to 5, 8 and 9 need the lab (brought up when asked for); 6 and 7 run outside it.
 # LLMFLEET_BENCH_STEPS="peers pinned" (say) runs only those steps: saturation,
-# target, peers, pinned, planner, usage, multiturn.
+# target, peers, pinned, planner, usage, multiturn, profile.
 # Each load run also reports where the CPU went (--cpu: ms per answered request by
 # part of the stack, read from /proc; the lab's hosts are containers here).
-# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner,usage,multiturn}.json. Extra arguments go to both
+# Results: out/bench/{saturation,target,compare-plain,compare-stream,compare-pinned,planner,usage,multiturn,profile}.json. Extra arguments go to both
 # load runs of `llmfleet bench` (e.g. --max-tokens 32), not to the planner's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # LLMFLEET_BENCH_STEPS picks the steps, in this order whatever the order given;
 # a misspelt step is refused before anything runs, not silently skipped.
-known_steps="saturation target peers pinned planner usage multiturn"
+known_steps="saturation target peers pinned planner usage multiturn profile"
 steps=" ${LLMFLEET_BENCH_STEPS:-$known_steps} "
 for word in $steps; do
   if [[ " $known_steps " != *" $word "* ]]; then
@@ -94,7 +99,7 @@ lab_setup() {
   echo "bench: gateway http://$address; engines: ${engines[*]//--peer-url/}; steps:$steps"
 }
 needs_lab=false
-for word in saturation target peers pinned multiturn; do
+for word in saturation target peers pinned multiturn profile; do
   if step "$word"; then needs_lab=true; fi
 done
 mkdir -p out/bench
@@ -235,4 +240,16 @@ if step multiturn; then
   echo "--- multiturn: gateway (prefix_affinity)"
   multiturn --paths gateway --gateway-policy prefix_affinity --append --plots out/bench/plots-multiturn
   single_turn prefix_affinity
+fi
+if step profile; then
+  profile_rate=${LLMFLEET_BENCH_PROFILE_RATE:-150}
+  echo "--- profile: the gateway side at $profile_rate req/s, sampled by py-spy, with redis1's commands per answer"
+  # The redis role's admin password, through a 0600 file in the workdir (never a command line).
+  docker exec llmfleet-lab-redis1 cat /etc/redis/admin.password >"$workdir/redis_admin"
+  redis_address=$(docker inspect llmfleet-lab-redis1 --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}')
+  rm -rf out/bench/profile
+  llmfleet bench --url "http://$address" --token-file "$workdir/token" --label gateway \
+    --rate "$profile_rate" --duration 30 --cpu --profile out/bench/profile \
+    --redis-url "redis://default@$redis_address:6379" --redis-password-file "$workdir/redis_admin" \
+    --out out/bench/profile.json "$@"
 fi

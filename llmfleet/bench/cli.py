@@ -21,7 +21,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from llmfleet.bench import compare, cpuuse, loadgen, locustrun, multiturn, planner_accuracy, plots, usagecost
+from llmfleet.bench import (
+    commandstats,
+    compare,
+    cpuuse,
+    loadgen,
+    locustrun,
+    multiturn,
+    planner_accuracy,
+    plots,
+    profile,
+    usagecost,
+)
 from llmfleet.errors import LlmfleetError
 
 
@@ -39,7 +50,19 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu and not (cpuuse.PROC / "stat").is_file():
         raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
     headers = loadgen.read_token(args.token_file)
-    reports = [asyncio.run(loadgen.measure(args, args.label, [args.url], headers))]
+    if args.profile:
+        profile.require_tools()  # missing: say so before any load
+    if args.profile_pid and not args.profile:
+        raise LlmfleetError("--profile-pid picks what --profile samples: give --profile DIR too")
+    side = loadgen.GatewaySide(
+        args.profile,
+        tuple(args.profile_pid or ()),
+        args.redis_url,
+        loadgen.read_secret(args.redis_password_file, "--redis-password-file", "it holds no password"),
+    )
+    if side.redis_url:
+        commandstats.read(side.redis_url, side.redis_password)  # unreachable or refused: say so before any load
+    reports = [asyncio.run(loadgen.measure(args, args.label, [args.url], headers, side))]
     if args.peer_url:
         peer_headers = loadgen.bearer(loadgen.read_engine_key(args.peer_key_file, "--peer-key-file"))
         reports.append(asyncio.run(loadgen.measure(args, args.peer_label, args.peer_url, peer_headers)))
@@ -59,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         for report in reports:
             print(loadgen.describe(report))
+            if report.redis_commands_per_request:
+                print(f"{'':8} {commandstats.describe(report.redis_commands_per_request)}")
+            if report.profile:
+                print(f"{'':8} profile of the gateway side: {report.profile}")
         if "throughput_ratio" in result:
             print(
                 f"{main.label} / {reports[1].label}: {result['throughput_ratio']:.2f} of the throughput,"
@@ -126,6 +153,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="also report CPU ms per answer in the window by part of the stack on this machine, and busy cores",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also sample every gateway and worker process on this machine with py-spy over the window of --url:"
+        " collapsed stacks, a flame graph each and profile.json (CPU by layer) in DIR; with --cpu, ms per answer",
+    )
+    parser.add_argument(
+        "--profile-pid",
+        type=int,
+        action="append",
+        metavar="PID",
+        help="sample only this gateway or worker process (repeat it); default: every one on this machine",
+    )
+    parser.add_argument(
+        "--redis-url",
+        help="also read INFO commandstats of this Redis (the queue's) at the window's edges of --url: each command's"
+        " calls and microseconds per answer, e.g. redis://default@10.77.0.20:6379 as the redis role's admin",
+    )
+    parser.add_argument("--redis-password-file", help="a file holding the password for --redis-url")
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(handler=run)

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from llmfleet.bench import cpuuse
+from llmfleet.bench import commandstats, cpuuse, profile
 from llmfleet.errors import LlmfleetError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -122,6 +122,10 @@ class Report:
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
     cores_busy: float | None = None
     cores: int | None = None
+    # --profile: the profile.json written for this run (llmfleet.bench.profile).
+    profile: str | None = None
+    # --redis-url: each Redis command's calls and microseconds per answer (llmfleet.bench.commandstats).
+    redis_commands_per_request: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -400,6 +404,14 @@ async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
     return cpuuse.usage(before, cpuuse.snapshot())
 
 
+async def profile_window(
+    out_dir: Path, pids: tuple[int, ...], window_start: float, window_end: float
+) -> list[profile.Profile]:
+    """py-spy's samples of the gateway side over the window (llmfleet.bench.profile)."""
+    await sleep_until(window_start)
+    return await profile.record(out_dir, window_end - window_start, pids)
+
+
 def request_body(model: str, endpoint: str, max_tokens: int, stream: bool = False) -> bytes:
     """The one request every run sends, as bytes (llmfleet/bench/locustfile.py sends the same)."""
     payload: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "ignore_eos": True}
@@ -413,8 +425,21 @@ def request_body(model: str, endpoint: str, max_tokens: int, stream: bool = Fals
     return json.dumps(payload).encode()
 
 
-async def measure(args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str]) -> Report:
+@dataclass(frozen=True)
+class GatewaySide:
+    """What `llmfleet bench` may also read of the gateway side over the window of --url."""
+
+    profile_dir: str | None = None  # py-spy's samples (llmfleet.bench.profile)
+    profile_pids: tuple[int, ...] = ()  # only these processes; all the gateway side's when empty
+    redis_url: str | None = None  # INFO commandstats (llmfleet.bench.commandstats)
+    redis_password: str = ""
+
+
+async def measure(
+    args: argparse.Namespace, label: str, bases: list[str], headers: dict[str, str], side: GatewaySide | None = None
+) -> Report:
     """One load run against `bases` (taken in turn): warm-up, measured window, ramp-down; the window's report."""
+    side = side or GatewaySide()
     stream = bool(getattr(args, "stream", False))
     body = request_body(args.model, args.endpoint, args.max_tokens, stream)
     connections = args.concurrency or max(64, math.ceil(args.rate * 2))
@@ -428,6 +453,16 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
     try:
         async with asyncio.TaskGroup() as group:
             cpu = group.create_task(cpu_use(window_start, window_end)) if args.cpu else None
+            sampled = (
+                group.create_task(profile_window(Path(side.profile_dir), side.profile_pids, window_start, window_end))
+                if side.profile_dir
+                else None
+            )
+            redis_readings = (
+                group.create_task(commandstats.window(side.redis_url, side.redis_password, window_start, window_end))
+                if side.redis_url
+                else None
+            )
             if args.rate:
                 samples = await open_loop(send, args.rate, window_start, window_end)
             else:
@@ -441,6 +476,11 @@ async def measure(args: argparse.Namespace, label: str, bases: list[str], header
         used = cpu.result()
         report.cpu_ms_per_request = used.per_request_ms(report.answers_in_window)
         report.cores_busy, report.cores = used.cores_busy, used.cores
+    if sampled is not None and side.profile_dir is not None:
+        report.profile = str(profile.write(Path(side.profile_dir), sampled.result(), report.cpu_ms_per_request, label))
+    if redis_readings is not None:
+        costs = commandstats.per_request(*redis_readings.result(), report.answers_in_window)
+        report.redis_commands_per_request = commandstats.as_json(costs)
     return report
 
 
