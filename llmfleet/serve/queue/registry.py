@@ -9,6 +9,7 @@ so host clocks need not agree; a worker that dies simply stops refreshing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -141,7 +142,12 @@ async def read(client: aioredis.Redis, keys: Keys) -> Snapshot:
 
 
 class CachedRegistry:
-    """The registry read at most once per max_age_s per process (request paths read it)."""
+    """The registry read at most once per max_age_s per process (request paths read it).
+
+    Requests that find the snapshot stale while a read is under way wait for that read instead of
+    starting their own: at saturation the gateway used to send one read per request that arrived
+    during it (about 50 a second instead of 1, 7% of its CPU).
+    """
 
     def __init__(self, client: aioredis.Redis, keys: Keys, *, max_age_s: float = 1.0) -> None:
         self.client = client
@@ -149,10 +155,23 @@ class CachedRegistry:
         self.max_age_s = max_age_s
         self._snapshot: Snapshot | None = None
         self._read_at = 0.0
+        self._reading: asyncio.Task[Snapshot] | None = None
 
     async def snapshot(self) -> Snapshot:
-        now = time.monotonic()
-        if self._snapshot is None or now - self._read_at > self.max_age_s:
-            self._snapshot = await read(self.client, self.keys)
-            self._read_at = now
-        return self._snapshot
+        if self._snapshot is not None and time.monotonic() - self._read_at <= self.max_age_s:
+            return self._snapshot
+        if self._reading is None:
+            self._reading = asyncio.create_task(self._read())
+            # Retrieved here too: a read whose every waiter was cancelled must not log "never retrieved".
+            self._reading.add_done_callback(lambda task: task.cancelled() or task.exception())
+        # Shielded: a waiter cancelled (its client went away) leaves the read to the others.
+        return await asyncio.shield(self._reading)
+
+    async def _read(self) -> Snapshot:
+        started = time.monotonic()
+        try:
+            snapshot = await read(self.client, self.keys)
+        finally:
+            self._reading = None
+        self._snapshot, self._read_at = snapshot, started
+        return snapshot
