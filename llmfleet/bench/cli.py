@@ -50,13 +50,15 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu and not (cpuuse.PROC / "stat").is_file():
         raise LlmfleetError(f"--cpu reads {cpuuse.PROC}, which this machine lacks (Linux only); drop --cpu")
     headers = loadgen.read_token(args.token_file)
-    if args.profile:
-        profile.require_tools()  # missing: say so before any load
     if args.profile_pid and not args.profile:
         raise LlmfleetError("--profile-pid picks what --profile samples: give --profile DIR too")
+    profiled: list[tuple[str, int]] = []
+    if args.profile:  # the tools and the processes, before any load
+        profile.require_tools()
+        profiled = profile.profiled_processes(tuple(args.profile_pid or ()))
     side = loadgen.GatewaySide(
         args.profile,
-        tuple(args.profile_pid or ()),
+        tuple(profiled),
         args.redis_url,
         loadgen.read_secret(args.redis_password_file, "--redis-password-file", "it holds no password"),
     )
@@ -86,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{'':8} {commandstats.describe(report.redis_commands_per_request)}")
             if report.profile:
                 print(f"{'':8} profile of the gateway side: {report.profile}")
+            for error in report.profile_errors:
+                print(f"{'':8} WARNING: {error}")
         if "throughput_ratio" in result:
             print(
                 f"{main.label} / {reports[1].label}: {result['throughput_ratio']:.2f} of the throughput,"

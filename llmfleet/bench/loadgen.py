@@ -124,6 +124,7 @@ class Report:
     cores: int | None = None
     # --profile: the profile.json written for this run (llmfleet.bench.profile).
     profile: str | None = None
+    profile_errors: list[str] = field(default_factory=list)  # processes py-spy could not sample
     # --redis-url: each Redis command's calls and microseconds per answer (llmfleet.bench.commandstats).
     redis_commands_per_request: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -405,11 +406,11 @@ async def cpu_use(window_start: float, window_end: float) -> cpuuse.Usage:
 
 
 async def profile_window(
-    out_dir: Path, pids: tuple[int, ...], window_start: float, window_end: float
+    out_dir: Path, processes: tuple[tuple[str, int], ...], window_start: float, window_end: float
 ) -> list[profile.Profile]:
     """py-spy's samples of the gateway side over the window (llmfleet.bench.profile)."""
     await sleep_until(window_start)
-    return await profile.record(out_dir, window_end - window_start, pids)
+    return await profile.record(out_dir, window_end - window_start, list(processes))
 
 
 def request_body(model: str, endpoint: str, max_tokens: int, stream: bool = False) -> bytes:
@@ -430,7 +431,7 @@ class GatewaySide:
     """What `llmfleet bench` may also read of the gateway side over the window of --url."""
 
     profile_dir: str | None = None  # py-spy's samples (llmfleet.bench.profile)
-    profile_pids: tuple[int, ...] = ()  # only these processes; all the gateway side's when empty
+    profiled: tuple[tuple[str, int], ...] = ()  # (part, pid) of each process to sample (profile.profiled_processes)
     redis_url: str | None = None  # INFO commandstats (llmfleet.bench.commandstats)
     redis_password: str = ""
 
@@ -454,7 +455,7 @@ async def measure(
         async with asyncio.TaskGroup() as group:
             cpu = group.create_task(cpu_use(window_start, window_end)) if args.cpu else None
             sampled = (
-                group.create_task(profile_window(Path(side.profile_dir), side.profile_pids, window_start, window_end))
+                group.create_task(profile_window(Path(side.profile_dir), side.profiled, window_start, window_end))
                 if side.profile_dir
                 else None
             )
@@ -477,7 +478,9 @@ async def measure(
         report.cpu_ms_per_request = used.per_request_ms(report.answers_in_window)
         report.cores_busy, report.cores = used.cores_busy, used.cores
     if sampled is not None and side.profile_dir is not None:
-        report.profile = str(profile.write(Path(side.profile_dir), sampled.result(), report.cpu_ms_per_request, label))
+        profiles = sampled.result()
+        report.profile = str(profile.write(Path(side.profile_dir), profiles, report.cpu_ms_per_request, label))
+        report.profile_errors = [found.error for found in profiles if found.error]
     if redis_readings is not None:
         costs = commandstats.per_request(*redis_readings.result(), report.answers_in_window)
         report.redis_commands_per_request = commandstats.as_json(costs)

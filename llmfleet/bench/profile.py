@@ -11,9 +11,16 @@ A sample's layer is the package of its innermost Python frame. py-spy sees only
 Python frames, so time in C (uvloop's loop, a socket's send, the kernel's
 loopback work that a send does for its receiver) shows on the Python line that
 called it: the event loop's `run`, a stream's `write`. Those lines are the
-"event loop and socket I/O" layer. With `--cpu`, each layer's share of the
-samples times the part's CPU ms per answer estimates its ms per answer; idle
-threads are not sampled, so the shares are of the busy time.
+"event loop and socket I/O" layer.
+
+Only samples taken while the process holds the GIL count (--gil): a loop waiting
+in epoll has released it, so idle time is left out. (py-spy's own idle
+detection does not work across the lab's container PID namespaces: it counted
+every sample as busy.) A thread that holds the GIL while it waits for a core
+still counts: where every core is busy (the lab, whose CPU engines spin), a
+send that wakes its reader often loses the core right there, so the I/O layer
+reads high. With `--cpu`, each layer's share times the part's CPU ms per answer
+is an estimate of its ms per answer, with that bias.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class Profile:
     part: str
     pid: int
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    error: str = ""  # why py-spy gave no samples (record)
 
     @property
     def samples(self) -> int:
@@ -100,6 +108,8 @@ class Profile:
         return [(frame, round(count / total, 3)) for frame, count in counts.most_common(limit)]
 
     def summary(self, cpu_ms: float | None) -> dict[str, Any]:
+        if self.error:
+            return {"part": self.part, "pid": self.pid, "samples": 0, "error": self.error}
         layers = self.by_layer()
         out: dict[str, Any] = {"part": self.part, "pid": self.pid, "samples": self.samples, "layers": layers}
         if cpu_ms is not None:
@@ -143,25 +153,31 @@ def require_tools() -> None:
 
 
 def profiled_processes(pids: tuple[int, ...] = (), parts: tuple[str, ...] = PROFILED_PARTS) -> list[tuple[str, int]]:
-    """(part, pid) of every process of these parts on this machine (only those pids, if given), by part then pid."""
+    """(part, pid) of every process of these parts on this machine (only those pids, if given), by part then pid.
+
+    Refused when there are none, or when a pid asked for is not one of them: before any load.
+    """
     found = {
         (part, pid)
         for (pid, _start), (part, _cpu) in cpuuse.snapshot().processes.items()
         if part in parts and (not pids or pid in pids)
     }
+    if not found or (pids and len(found) < len(set(pids))):
+        chosen = f" among pids {sorted(set(pids))}" if pids else ""
+        raise LlmfleetError(
+            f"--profile found {len(found)} gateway or worker processes{chosen} on this machine: run it where"
+            " the gateway side runs (in the lab, on the machine that holds its containers)"
+        )
     return sorted(found, key=lambda item: (parts.index(item[0]), item[1]))
 
 
-async def record(out_dir: Path, duration_s: float, pids: tuple[int, ...] = ()) -> list[Profile]:
-    """Sample every gateway and worker process (or those of pids) for duration_s from now; their profiles."""
+async def record(out_dir: Path, duration_s: float, processes: list[tuple[str, int]]) -> list[Profile]:
+    """Sample these (part, pid) processes for duration_s from now; their profiles.
+
+    A process py-spy fails on (it exited, or py-spy itself crashed) gets a profile with no samples and the error,
+    and the others are kept: one lost profile does not cost the run.
+    """
     binary = py_spy()
-    processes = profiled_processes(pids)
-    if not processes or (pids and len(processes) < len(set(pids))):
-        chosen = f" among pids {sorted(set(pids))}" if pids else ""
-        raise LlmfleetError(
-            f"--profile found {len(processes)} gateway or worker processes{chosen} on this machine: run it where"
-            " the gateway side runs (in the lab, on the machine that holds its containers)"
-        )
     out_dir.mkdir(parents=True, exist_ok=True)
     duration = max(math.ceil(duration_s), 1)
     running = []
@@ -169,19 +185,17 @@ async def record(out_dir: Path, duration_s: float, pids: tuple[int, ...] = ()) -
         path = out_dir / f"{part}-{pid}.txt"
         command = [
             binary, "record", "--pid", str(pid), "--duration", str(duration), "--rate", str(SAMPLES_PER_S),
-            "--nonblocking", "--format", "raw", "--output", str(path),
+            "--nonblocking", "--gil", "--format", "raw", "--output", str(path),
         ]  # fmt: skip
         running.append((part, pid, path, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     profiles = []
     for part, pid, path, process in running:
         _out, err = await asyncio.to_thread(process.communicate)
-        if process.returncode != 0 or not path.is_file():
-            message = err.decode(errors="replace").strip()[-500:]
-            raise LlmfleetError(
-                f"py-spy could not sample the {part} (pid {pid}): {message or f'exit {process.returncode}'}"
-                " (it needs root, or the ptrace capability, to read another process)"
-            )
-        profiles.append(Profile(part, pid, parse_collapsed(path.read_text())))
+        if process.returncode == 0 and path.is_file():
+            profiles.append(Profile(part, pid, parse_collapsed(path.read_text())))
+            continue
+        message = err.decode(errors="replace").strip()[-300:] or f"py-spy exited with {process.returncode}"
+        profiles.append(Profile(part, pid, error=f"py-spy could not sample the {part} (pid {pid}): {message}"))
     return profiles
 
 
@@ -256,6 +270,8 @@ def write(out_dir: Path, profiles: list[Profile], cpu_ms_per_request: dict[str, 
         part_ms = cpu_ms_per_request.get(profile.part)
         cpu_ms = part_ms * profile.samples / samples_by_part[profile.part] if part_ms and profile.samples else None
         summaries.append(profile.summary(cpu_ms))
+        if profile.error:
+            continue
         title = f"{label}: {profile.part} (pid {profile.pid}), {profile.samples} samples at {SAMPLES_PER_S}/s"
         draw_flame(profile, out_dir / f"{profile.part}-{profile.pid}.png", title)
     path = out_dir / "profile.json"

@@ -7,6 +7,8 @@ tests/integration/serve/gateway/test_bench.py; here the arithmetic on what it re
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -112,3 +114,19 @@ def test_profile_without_py_spy_is_refused_before_any_load(monkeypatch: pytest.M
 def test_py_spy_is_found_beside_this_python() -> None:
     # The dev extra installs it into the venv, whose bin need not be on PATH.
     assert Path(profile.py_spy()).name == "py-spy"
+
+
+def test_a_process_py_spy_cannot_sample_is_reported_and_the_others_kept(tmp_path: Path) -> None:
+    # No process has this pid: py-spy fails on it, as it does on one that exits or that it crashes on.
+    [failed] = asyncio.run(profile.record(tmp_path, 1, [("worker", 2**22 + 12345)]))
+    assert failed.samples == 0 and failed.error.startswith(f"py-spy could not sample the worker (pid {2**22 + 12345})")
+    sampled = Profile("gateway", 7, parse_collapsed(COLLAPSED))
+    document = json.loads(profile.write(tmp_path, [sampled, failed], {"gateway": 2.0, "worker": 1.0}, "x").read_text())
+    assert [process.get("error", "") for process in document["processes"]] == ["", failed.error]
+    assert document["processes"][0]["layers_ms_per_request"]["llmfleet"] == 0.4
+    assert sorted(path.name for path in tmp_path.glob("*.png")) == ["gateway-7.png"]
+
+
+def test_profile_pids_that_are_no_gateway_or_worker_are_refused() -> None:
+    with pytest.raises(LlmfleetError, match=r"--profile found 0 gateway or worker processes among pids \[1\]"):
+        profile.profiled_processes((1,))

@@ -78,7 +78,7 @@ def test_profile_samples_the_gateway_and_the_worker_and_counts_redis_commands_pe
     password_file.chmod(0o600)
     out, profile_dir = tmp_path / "bench.json", tmp_path / "profile"
     command = [
-        *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--rate", "8", "--duration", "3",
+        *LLMFLEET, "bench", "--url", stack.url, "--token-file", str(token_file), "--rate", "20", "--duration", "4",
         "--warmup", "0.5", "--max-tokens", "8", "--cpu", "--profile", str(profile_dir),
         # This stack's processes only: the lab stage's gateway side may run on this machine meanwhile.
         *[option for service in (stack.gateway, *stack.live_workers()) if service
