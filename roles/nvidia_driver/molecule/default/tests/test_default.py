@@ -6,7 +6,9 @@ with Debian 12's real names and versions; the repository also offers the newer
 keep 535.261.03-1. Values are converge.yml's. The host's PCI bus is a STAND-IN
 listing with four NVSwitches (prepare.yml), so the role installed NVIDIA Fabric
 Manager (stand-ins of NVIDIA's repository's packages) at the driver's version;
-side_effect.yml has provoked and undone the faults before these run.
+side_effect.yml has provoked and undone the faults before these run, and has
+switched the host from the open kernel modules converge installed to the
+proprietary ones these tests find.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def test_packages_are_stand_ins(host):
     # The lab never mistakes these for NVIDIA's packages.
     for name in [*PINNED, *COMPANIONS, *FABRIC_MANAGER]:
         assert "llmfleet STAND-IN" in host.check_output(f"dpkg-query -W -f='${{Description}}' {name}")
+
+
+def test_the_other_flavour_of_kernel_module_is_gone(host):
+    # converge installed nvidia-open-kernel-dkms; the switch to the proprietary modules removed it, so one DKMS
+    # module builds nvidia.ko.
+    assert not host.package("nvidia-open-kernel-dkms").is_installed
 
 
 def test_dkms_is_installed(host):
