@@ -172,6 +172,49 @@ def test_the_nvswitch_host_runs_fabric_manager_at_the_driver_version_and_every_g
         assert modes and all(mode.endswith(", Enabled") for mode in modes), (host, output)
 
 
+def _connect_from(host: str, address: str, port: int) -> str:
+    """A TCP connection from inside a lab host to address:port: "answered", "refused" (a reset) or the error's name."""
+    script = (
+        "import socket, sys\n"
+        "connection = socket.socket()\n"
+        "connection.settimeout(5)\n"
+        "try:\n"
+        "    connection.connect((sys.argv[1], int(sys.argv[2])))\n"
+        "    print('answered')\n"
+        "except ConnectionRefusedError:\n"
+        "    print('refused')\n"
+        "except OSError as error:\n"
+        "    print(type(error).__name__)\n"
+    )
+    return on_host(host, "python3", "-c", script, address, str(port)).strip()
+
+
+def test_the_firewall_opens_each_port_to_the_hosts_that_need_it_only() -> None:
+    # Issue 29: roles/firewall on every host. Each port answers from one host and is refused from another, so the
+    # refusal is the firewall's and not a closed port. The engine and the exporters are Docker-published on gpu1
+    # (the engine) or host services (node exporter, Redis); the build machine, which every other lab test talks
+    # from, is the lab's trusted source (firewall_trusted_sources).
+    engine = ENGINE_HOSTS["gpu1"]
+    checks = [
+        # (from, to, port, expected): an engine answers the gateway and monitoring hosts only.
+        ("gw1", engine, 8000, "answered"),
+        ("mon1", engine, 8000, "answered"),
+        ("redis1", engine, 8000, "refused"),
+        ("gpu2", engine, 8001, "refused"),
+        # The node exporter answers Prometheus's host only.
+        ("mon1", engine, 9100, "answered"),
+        ("gw1", engine, 9100, "refused"),
+        # Redis answers the gateway host, not a GPU host.
+        ("gw1", "10.78.0.20", 6379, "answered"),
+        ("gpu2", "10.78.0.20", 6379, "refused"),
+    ]
+    seen = [(source, address, port, _connect_from(source, address, port)) for source, address, port, _ in checks]
+    assert seen == checks
+    assert httpx.get(f"http://{engine}:8000/health", timeout=10).status_code == 200
+    table = on_host("gpu1", "nft", "list", "table", "inet", "llmfleet_firewall")
+    assert 'comment "vLLM engines"' in table and 'comment "metrics"' in table, table
+
+
 def test_cpu_engines_run_the_model_in_the_engine_core(lab_inventory: Path) -> None:
     # The inventory asks for the `uni` executor; the role adds VLLM_ENABLE_V1_MULTIPROCESSING=0, without which
     # vLLM-CPU runs the model in a VLLM::Worker process that busy-waits between steps.
