@@ -2,7 +2,8 @@
 
 The choice is plugins/module_utils/nvidia_pci.py's (the generation table and the rule), reached from the role
 through the nvidia_kernel_modules filter. It is checked against two listings: the real H200's PCI bus, recorded on
-the lent machine (tests/unit/fixtures/real-h200-pci/), whose kernel ran NVIDIA's open module; and the STAND-IN
+the lent machine (tests/unit/fixtures/real-h200-pci/), whose kernel ran NVIDIA's open module; the role's own choice
+recorded on a real H100 (tests/unit/fixtures/real-h100-flavour/); and the STAND-IN
 listing (files/standins/pci-devices.yml, not a real machine's) with two RTX 4090s that the lab and the role's
 Molecule scenario use. The package names are rendered from the role's own vars files by ansible-playbook, for
 every combination of kernel modules, headless and server.
@@ -23,6 +24,7 @@ from tests.tools import run_local_playbook
 
 ROLE = REPO_ROOT / "roles" / "nvidia_driver"
 REAL_H200 = REPO_ROOT / "tests" / "unit" / "fixtures" / "real-h200-pci"
+REAL_H100 = REPO_ROOT / "tests" / "unit" / "fixtures" / "real-h100-flavour"
 STANDIN_PCI = yaml.safe_load((REPO_ROOT / "files" / "standins" / "pci-devices.yml").read_text())
 STANDIN_GPUS = [device for device in STANDIN_PCI["devices"]
                 if device["vendor"] == "0x10de" and device["class"].startswith("0x03")]
@@ -65,6 +67,18 @@ def test_the_real_h200_gets_the_open_modules_it_ran() -> None:
     nvrm = next(line for line in (REAL_H200 / "environment.txt").read_text().splitlines()
                 if line.startswith("NVRM version:"))
     assert loaded_module_flavour(nvrm) == "open"
+
+
+def test_the_role_chose_on_a_real_h100_the_open_modules_its_kernel_runs() -> None:
+    recorded = json.loads((REAL_H100 / "flavour.json").read_text())
+    assert recorded["kernel_module_flavour"] == recorded["loaded_flavour"] == "open"
+    assert recorded["nvidia_driver_packages"][:2] == ["nvidia-driver-580-open", "nvidia-dkms-580-open"]
+    # The same rule, here, from the device id nvidia-smi read there (0x233010DE: device 0x2330, vendor 0x10de).
+    name, pci_id, driver = (field.strip() for field in (REAL_H100 / "gpu.txt").read_text().split(","))
+    assert name.startswith("NVIDIA H100") and driver == "580.159.04"
+    gpus = [{"slot": "0000:00:06.0", "device": "0x" + pci_id[2:6].lower()}]
+    assert choose_kernel_modules(gpus, "auto", 580) == recorded["kernel_module_choice"]
+    assert loaded_module_flavour(recorded["loaded_line"]) == "open"
 
 
 def test_the_proprietary_modules_line_reads_as_proprietary() -> None:
