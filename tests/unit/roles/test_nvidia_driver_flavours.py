@@ -192,10 +192,10 @@ def test_a_site_that_names_its_packages_has_nothing_removed(tmp_path: Path) -> N
     play = [{"name": "Render", "hosts": "all", "gather_facts": False,
              "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml"),
                             str(ROLE / "vars" / "Ubuntu.yml")],
-             "vars": {"__nvidia_driver_module_flavour": "open"},
              "tasks": [{"name": "Render", "ansible.builtin.copy": {
                  "content": "{{ __nvidia_driver_other_flavour_packages | to_json }}",
-                 "dest": str(tmp_path / "other.json"), "mode": "0644"}}]}]
+                 "dest": str(tmp_path / "other.json"), "mode": "0644"},
+                 "vars": {"__nvidia_driver_module_flavour": "open"}}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     result = run_local_playbook(tmp_path, tmp_path / "play.yml", json.dumps(
         {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.261.03", "nvidia_driver_source": "distro",
